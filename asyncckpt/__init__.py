@@ -1,0 +1,48 @@
+"""asyncckpt: stream ML checkpoints to files and object stores from asyncio, and measure
+the storage honestly (per-chunk bottlenecks, pure generation vs pure I/O time)."""
+
+from __future__ import annotations
+
+from .checkpointer import AsyncCheckpointer
+from .config import CheckpointConfig
+from .errors import (
+    AsyncCkptError,
+    ConfigError,
+    DirectIOError,
+    IntegrityError,
+    MissingDependencyError,
+    NoSpaceError,
+    StorageError,
+    StoragePermissionError,
+    TargetNotFoundError,
+    UnsupportedSchemeError,
+    WriterProcessError,
+)
+from .metrics import ChunkRecord, RunMetadata, SaveResult
+from .units import GiB, KiB, MiB, parse_size
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncCheckpointer",
+    "AsyncCkptError",
+    "CheckpointConfig",
+    "ChunkRecord",
+    "ConfigError",
+    "DirectIOError",
+    "GiB",
+    "IntegrityError",
+    "KiB",
+    "MiB",
+    "MissingDependencyError",
+    "NoSpaceError",
+    "RunMetadata",
+    "SaveResult",
+    "StorageError",
+    "StoragePermissionError",
+    "TargetNotFoundError",
+    "UnsupportedSchemeError",
+    "WriterProcessError",
+    "__version__",
+    "parse_size",
+]

@@ -1,0 +1,252 @@
+"""``AsyncCheckpointer``: the library's front door. One pool and one executor, many saves."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Any
+
+from .config import CheckpointConfig, validate_size
+from .errors import ConfigError
+from .metrics import RunMetadata, SaveResult, busy_time, label_chunks, percentiles
+from .monitor import LoopMonitor, now
+from .pipeline import PipelineTimes, ProgressFn, stream, write_preallocated
+from .pool import BufferPool
+from .runinfo import environment_facts
+from .sinks import SinkOptions, make_sink
+from .sinks.base import Sink
+from .sources import CallerData, make_source
+from .sources.base import Source
+from .topology import thread_budget
+
+log = logging.getLogger("asyncckpt")
+METHODS = ("streaming", "preallocate")
+
+
+class AsyncCheckpointer:
+    """Streams checkpoints to storage without blocking the event loop.
+
+    >>> async with AsyncCheckpointer(chunk_size=32 * 2**20, num_buffers=8) as ckpt:
+    ...     result = await ckpt.save("/nvme/ckpt/rank0.bin", 16 * 2**30)
+
+    The buffer pool is allocated (and pre-touched) on first use and reused by every later
+    save, as a training loop checkpoints many times; ``aclose()`` releases it.
+    """
+
+    def __init__(self, config: CheckpointConfig | None = None, **options: Any) -> None:
+        if config is not None and options:
+            raise ConfigError("pass either config= or keyword options, not both")
+        self.config = config if config is not None else CheckpointConfig(**options)
+        self._budget = thread_budget(self.config.gen_threads)
+        self._pool: BufferPool | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def __aenter__(self) -> AsyncCheckpointer:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Release the pool and the executor; idempotent."""
+        self._closed = True
+        if self._executor is not None:
+            executor, self._executor = self._executor, None
+            # every job was awaited (run_blocking never abandons one): threads are idle and
+            # join at once, so this does not block the loop
+            executor.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def _ensure_executor(self) -> ThreadPoolExecutor:
+        if self._closed:
+            raise RuntimeError("AsyncCheckpointer is closed")
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=self.config.num_buffers + 2, thread_name_prefix="asyncckpt"
+            )
+        return self._executor
+
+    async def _ensure_pool(self) -> BufferPool:
+        if self._pool is None:
+            pool = BufferPool(self.config.chunk_size, self.config.num_buffers)
+            await asyncio.get_running_loop().run_in_executor(self._ensure_executor(), pool.touch)
+            self._pool = pool
+        return self._pool
+
+    async def delete(self, uri: str | os.PathLike[str]) -> None:
+        """Remove a published checkpoint (no error if it is absent)."""
+        sink = self._sink(os.fspath(uri))
+        try:
+            await sink.delete()
+        finally:
+            await sink.aclose()
+
+    # -- saving ------------------------------------------------------------------------
+    def _sink(self, uri: str) -> Sink:
+        if not isinstance(uri, (str, os.PathLike)):
+            raise ConfigError(f"uri must be a string or path, got {uri!r}")
+        options = SinkOptions(
+            direct_io=self.config.direct_io,
+            fsync=self.config.fsync,
+            reserve_space=self.config.reserve_space,
+            extra=dict(self.config.backend_options),
+        )
+        return make_sink(
+            os.fspath(uri), backend=self.config.backend, executor=self._ensure_executor(), options=options
+        )
+
+    async def save(
+        self,
+        uri: str | os.PathLike[str],
+        size: int | None = None,
+        *,
+        data: CallerData | None = None,
+        method: str = "streaming",
+        progress: ProgressFn | None = None,
+    ) -> SaveResult:
+        """Write a checkpoint of ``size`` bytes to ``uri`` and return what it measured.
+
+        Without ``data`` the bytes are synthetic (seeded, reproducible). With ``data`` (bytes-like
+        or a sync/async iterable of buffers) real state is streamed; ``size`` defaults to
+        ``len(data)`` for bytes-like data. Nothing is visible at ``uri`` unless this returns.
+        """
+        if method not in METHODS:
+            raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        if size is None:
+            if data is None or not hasattr(data, "__len__"):
+                raise ConfigError("size is required unless data is a bytes-like object")
+            size = memoryview(data).nbytes  # type: ignore[arg-type]
+        size = validate_size(size)
+        sink = self._sink(os.fspath(uri))
+        sink.check()
+        async with self._lock:  # one save at a time per pool
+            source = make_source(
+                self.config.generator, size, seed=self.config.seed, threads=self._budget.threads, data=data
+            )
+            try:
+                return await self._save(sink, source, size, method, progress)
+            finally:
+                source.close()
+                await sink.aclose()
+
+    async def _save(
+        self, sink: Sink, source: Source, size: int, method: str, progress: ProgressFn | None
+    ) -> SaveResult:
+        executor = self._ensure_executor()
+        in_flight = self.config.max_in_flight or min(sink.default_in_flight, self.config.num_buffers)
+        pool = await self._ensure_pool() if method == "streaming" else None
+        if pool is not None:
+            pool.reset_stats()
+        async with LoopMonitor(self.config.monitor_interval) as monitor:
+            t0 = now()
+            await sink.open(size)
+            t_open = now()
+            try:
+                if pool is not None:
+                    times = await stream(
+                        source, sink, pool, executor, total=size, max_in_flight=in_flight, progress=progress
+                    )
+                    gen_s = sum(r.fill_s for r in times.records)
+                else:
+                    times, gen_s = await write_preallocated(
+                        source,
+                        sink,
+                        executor,
+                        total=size,
+                        chunk_size=self.config.chunk_size,
+                        max_in_flight=in_flight,
+                        progress=progress,
+                    )
+                t_close = now()
+                close_detail = await sink.complete()
+            except BaseException:
+                await sink.abort()
+                raise
+            t_end = now()
+        return self._result(
+            sink,
+            source,
+            method,
+            size,
+            times,
+            gen_s,
+            in_flight,
+            monitor,
+            open_s=t_open - t0,
+            close_s=t_end - t_close,
+            wall_s=t_end - t0,
+            close_detail=close_detail,
+        )
+
+    def _result(
+        self,
+        sink: Sink,
+        source: Source,
+        method: str,
+        size: int,
+        times: PipelineTimes,
+        gen_s: float,
+        in_flight: int,
+        monitor: LoopMonitor,
+        *,
+        open_s: float,
+        close_s: float,
+        wall_s: float,
+        close_detail: dict[str, float],
+    ) -> SaveResult:
+        recs = times.records
+        counts = label_chunks(recs, in_flight)
+        src, snk = source.describe(), sink.describe()
+        cfg, budget = self.config, self._budget
+        meta = RunMetadata(
+            backend=sink.backend,
+            uri=sink.uri,
+            direct_io=bool(snk.pop("direct_io", False)),
+            direct_io_reason=str(snk.pop("direct_io_reason", "")),
+            chunk_size=cfg.chunk_size,
+            num_buffers=cfg.num_buffers,
+            pool_bytes=cfg.pool_bytes if method == "streaming" else size,
+            max_in_flight=in_flight,
+            generator=src.get("generator", "?"),
+            seed=src.get("seed"),
+            gen_threads=src.get("gen_threads"),
+            gen_threads_requested=src.get("gen_threads_requested", budget.threads),
+            usable_cpus=budget.usable_cpus,
+            local_ranks=budget.local_ranks,
+            local_ranks_source=budget.local_ranks_source,
+            fsync=cfg.fsync,
+            extra=snk,
+            **environment_facts(),
+        )
+        return SaveResult(
+            operation="save",
+            method=method,
+            size_bytes=size,
+            wall_s=wall_s,
+            open_s=open_s,
+            gen_s=gen_s,
+            write_s=busy_time([(r.t_write_start, r.t_write_end) for r in recs]),
+            close_s=close_s,
+            close_detail=close_detail,
+            wait_free_s=sum(r.wait_free_s for r in recs),
+            wait_data_s=sum(r.wait_data_s for r in recs),
+            chunks=len(recs),
+            bottleneck_counts=counts,
+            chunk_latency_s=percentiles([r.latency_s for r in recs]),
+            write_latency_s=percentiles([r.write_s for r in recs]),
+            loop_lag_s=monitor.lag(),
+            peak_rss_bytes=monitor.peak_rss,
+            baseline_rss_bytes=monitor.baseline_rss,
+            metadata=meta,
+            records=tuple(recs),
+        )

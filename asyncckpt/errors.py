@@ -1,0 +1,86 @@
+"""One exception hierarchy, rooted in :class:`AsyncCkptError`.
+
+Each error also inherits the builtin a caller would naturally catch (``ValueError`` for bad
+input, ``OSError`` for storage faults, ...), so code that does not know asyncckpt still
+handles it. Foreign exceptions (``OSError`` from the kernel, botocore errors, ...) are
+mapped to these classes where they enter the library.
+"""
+
+from __future__ import annotations
+
+import errno
+
+
+class AsyncCkptError(Exception):
+    """Base class of every error raised by asyncckpt."""
+
+
+class ConfigError(AsyncCkptError, ValueError):
+    """Invalid configuration or argument, detected before any I/O."""
+
+
+class UnsupportedSchemeError(ConfigError):
+    """The URI names a scheme no backend handles."""
+
+
+class MissingDependencyError(AsyncCkptError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+    def __init__(self, package: str, extra: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs the optional package {package!r}; "
+            f"install it with: pip install 'asyncckpt[{extra}]'"
+        )
+        self.package = package
+        self.extra = extra
+
+
+class StorageError(AsyncCkptError, OSError):
+    """A storage operation failed."""
+
+
+class TargetNotFoundError(StorageError, FileNotFoundError):
+    """The target (file, parent directory, bucket or object) does not exist."""
+
+
+class StoragePermissionError(StorageError, PermissionError):
+    """The storage refused access (file mode, credentials, bucket policy)."""
+
+
+class NoSpaceError(StorageError):
+    """The target ran out of space."""
+
+
+class DirectIOError(StorageError):
+    """Direct I/O was demanded but the file system refused it."""
+
+
+class WriterProcessError(AsyncCkptError, RuntimeError):
+    """The isolated writer process died, stalled or failed."""
+
+
+class IntegrityError(AsyncCkptError, ValueError):
+    """Data read back does not match what was written."""
+
+
+def map_os_error(exc: OSError, what: str) -> StorageError:
+    """Map a kernel ``OSError`` to the matching :class:`StorageError` subclass.
+
+    ``what`` describes the operation and its target, e.g. ``"write /ckpt/rank0.bin"``.
+    """
+    if isinstance(exc, StorageError):
+        return exc
+    detail = exc.strerror or str(exc)
+    message = f"{what}: {detail} (errno {exc.errno})"
+    cls: type[StorageError]
+    if exc.errno == errno.ENOENT:
+        cls = TargetNotFoundError
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        cls = StoragePermissionError
+    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        cls = NoSpaceError
+    else:
+        cls = StorageError
+    err = cls(exc.errno, message)
+    err.__cause__ = exc
+    return err

@@ -1,0 +1,63 @@
+"""Watching the process while a save runs: event-loop lag and resident memory.
+
+A ticker coroutine asks to wake every ``interval`` seconds; how late it wakes is the lag a
+training loop sharing this event loop would feel. It also samples RSS, so the reported peak
+is the peak *during this save*, not the process lifetime maximum.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from .metrics import Percentiles, percentiles
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def current_rss() -> int:
+    """Resident set size in bytes (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):  # pragma: no cover - non-Linux
+        return 0
+
+
+class LoopMonitor:
+    """Samples loop lag and RSS until stopped; use as ``async with``."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self.interval = interval
+        self.lags: list[float] = []
+        self.baseline_rss = 0
+        self.peak_rss = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        # perf_counter, not loop.time(): uvloop's clock has 1 ms resolution
+        while True:
+            expected = time.perf_counter() + self.interval
+            await asyncio.sleep(self.interval)
+            self.lags.append(max(0.0, time.perf_counter() - expected))
+            self.peak_rss = max(self.peak_rss, current_rss())
+
+    async def __aenter__(self) -> LoopMonitor:
+        self.baseline_rss = self.peak_rss = current_rss()
+        self._task = asyncio.create_task(self._tick(), name="asyncckpt-loop-monitor")
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.wait([self._task])
+        self.peak_rss = max(self.peak_rss, current_rss())
+
+    def lag(self) -> Percentiles:
+        return percentiles(self.lags)
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,154 @@
+"""A fixed pool of page-aligned buffers handed out from a free list.
+
+Peak memory is bounded by ``chunk_size * num_buffers`` whatever the checkpoint size. A buffer
+is given back only by the consumer once its write has completed: the pool refuses a release
+of a buffer that is not checked out, so a double release (the reuse race in the designs this
+library replaces) fails loudly instead of corrupting data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import mmap
+from collections import deque
+from typing import NamedTuple
+
+PAGE = mmap.PAGESIZE
+_TOUCH_STEP = 1 << 20
+
+
+class PoolStats(NamedTuple):
+    """Pool counters, for the result and for tests."""
+
+    num_buffers: int
+    chunk_size: int
+    free: int
+    in_use: int
+    peak_in_use: int
+    acquires: int
+    waits: int  # acquires that found the free list empty (back-pressure)
+
+
+class PoolBuffer:
+    """One pooled buffer. ``view`` is the whole buffer; callers slice it."""
+
+    __slots__ = ("checked_out", "index", "view")
+
+    def __init__(self, index: int, view: memoryview) -> None:
+        self.index = index
+        self.view = view
+        self.checked_out = False
+
+
+def buffer_address(view: memoryview) -> int:
+    """Address of a writable buffer's first byte (used to check alignment)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+class BufferPool:
+    """``num_buffers`` buffers of ``chunk_size`` bytes carved out of one anonymous mapping."""
+
+    def __init__(self, chunk_size: int, num_buffers: int, *, arena: mmap.mmap | None = None) -> None:
+        if chunk_size % PAGE:
+            raise ValueError(f"chunk_size {chunk_size} is not a multiple of the page size {PAGE}")
+        self.chunk_size = chunk_size
+        self.num_buffers = num_buffers
+        self.nbytes = chunk_size * num_buffers
+        self._mmap = arena if arena is not None else mmap.mmap(-1, self.nbytes)
+        self._view = memoryview(self._mmap)
+        self._buffers = [
+            PoolBuffer(i, self._view[i * chunk_size : (i + 1) * chunk_size]) for i in range(num_buffers)
+        ]
+        self._free: deque[PoolBuffer] = deque(self._buffers)
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._peak = 0
+        self._acquires = 0
+        self._waits = 0
+        self._closed = False
+
+    def touch(self) -> None:
+        """Fault every page in now, so first-touch page faults never count as generation."""
+        zeros = bytes(_TOUCH_STEP)
+        for start in range(0, self.nbytes, _TOUCH_STEP):
+            end = min(start + _TOUCH_STEP, self.nbytes)
+            self._view[start:end] = zeros[: end - start]
+
+    @property
+    def buffers(self) -> list[PoolBuffer]:
+        return list(self._buffers)
+
+    def stats(self) -> PoolStats:
+        in_use = self.num_buffers - len(self._free)
+        return PoolStats(
+            self.num_buffers,
+            self.chunk_size,
+            len(self._free),
+            in_use,
+            self._peak,
+            self._acquires,
+            self._waits,
+        )
+
+    def reset_stats(self) -> None:
+        self._peak = self.num_buffers - len(self._free)
+        self._acquires = self._waits = 0
+
+    async def acquire(self) -> PoolBuffer:
+        """Take a free buffer, waiting (back-pressure) while all are in use."""
+        if self._closed:
+            raise RuntimeError("buffer pool is closed")
+        self._acquires += 1
+        if not self._free:
+            self._waits += 1
+        while not self._free:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                elif self._free:
+                    self._wake_one()  # pass the wake-up on rather than lose it
+                raise
+        buf = self._free.popleft()
+        buf.checked_out = True
+        self._peak = max(self._peak, self.num_buffers - len(self._free))
+        return buf
+
+    def release(self, buf: PoolBuffer) -> None:
+        """Return a buffer whose last user (the writer) is done with it."""
+        if not buf.checked_out:
+            raise RuntimeError(f"buffer {buf.index} released twice (it is already free)")
+        buf.checked_out = False
+        self._free.append(buf)
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def reclaim(self, bufs: list[PoolBuffer]) -> None:
+        """Return buffers stranded by a failed or cancelled save (no thread uses them)."""
+        for buf in bufs:
+            if buf.checked_out:
+                self.release(buf)
+
+    def close(self) -> None:
+        """Unmap the pool; idempotent. Every buffer must be free."""
+        if self._closed:
+            return
+        self._closed = True
+        for buf in self._buffers:
+            buf.view.release()
+        self._view.release()
+        try:
+            self._mmap.close()
+        except BufferError:
+            # a slice is still referenced (e.g. by a traceback the caller keeps); the
+            # mapping is unmapped when the last view is garbage-collected
+            pass

@@ -1,0 +1,67 @@
+"""Sinks by URI scheme. Unknown schemes get a clear error naming the known ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Executor
+from urllib.parse import urlsplit
+
+from ..errors import UnsupportedSchemeError
+from .base import Sink, SinkOptions
+from .file import FileSink, path_from_uri
+from .memory import MEMORY_STORE, MemorySink, NullSink
+
+SinkFactory = Callable[..., Sink]
+
+#: backend name → factory; object-store backends register here too
+BACKENDS: dict[str, SinkFactory] = {
+    "file": FileSink,
+    "null": NullSink,
+    "memory": MemorySink,
+}
+#: URI scheme → default backend name
+SCHEMES: dict[str, str] = {"": "file", "file": "file", "null": "null", "memory": "memory"}
+
+
+def scheme_of(uri: str) -> str:
+    """The URI scheme, or "" for a plain path (including Windows-looking drive letters)."""
+    if "://" not in uri and not uri.startswith("file:"):
+        return ""
+    return urlsplit(uri).scheme.lower()
+
+
+def resolve_backend(uri: str, backend: str | None = None) -> str:
+    """The backend name for ``uri``: explicit, else the scheme's default."""
+    scheme = scheme_of(uri)
+    if scheme not in SCHEMES:
+        known = ", ".join(f"{s}://" for s in sorted(SCHEMES) if s) + ", or a plain path"
+        raise UnsupportedSchemeError(f"unsupported URI scheme {scheme!r} in {uri!r}; use {known}")
+    if backend is None:
+        return SCHEMES[scheme]
+    if backend not in BACKENDS:
+        raise UnsupportedSchemeError(
+            f"unknown backend {backend!r}; choose one of {', '.join(sorted(BACKENDS))}"
+        )
+    return backend
+
+
+def make_sink(uri: str, *, backend: str | None, executor: Executor, options: SinkOptions) -> Sink:
+    """Instantiate the sink for ``uri`` (no I/O happens here)."""
+    name = resolve_backend(uri, backend)
+    return BACKENDS[name](uri, executor=executor, options=options)
+
+
+__all__ = [
+    "BACKENDS",
+    "MEMORY_STORE",
+    "SCHEMES",
+    "FileSink",
+    "MemorySink",
+    "NullSink",
+    "Sink",
+    "SinkOptions",
+    "make_sink",
+    "path_from_uri",
+    "resolve_backend",
+    "scheme_of",
+]

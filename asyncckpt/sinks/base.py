@@ -1,0 +1,78 @@
+"""The storage interface: one small class per backend, one instance per checkpoint object.
+
+A sink is written as open → write_part* → complete, or abandoned with abort; until complete
+returns nothing is visible at the target (files: temporary name + rename; S3: multipart
+upload that only completes at the end). ``read_into`` serves loads.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True, kw_only=True)
+class SinkOptions:
+    """Options every sink understands; backends ignore what does not apply to them."""
+
+    direct_io: bool | None = None  # None: use it when the file system accepts it
+    fsync: bool = True
+    reserve_space: bool = True  # fallocate the whole file up front (early ENOSPC)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Sink(ABC):
+    """Writes (and reads) one checkpoint object.
+
+    ``write_part`` may run concurrently for different offsets (up to ``max_in_flight``) and
+    must not touch ``data`` after it returns: the buffer then goes back to the pool.
+    """
+
+    backend: ClassVar[str] = "abstract"
+    #: parts written concurrently when the caller does not say
+    default_in_flight: ClassVar[int] = 1
+
+    def __init__(self, uri: str, *, executor: Executor, options: SinkOptions) -> None:
+        self.uri = uri
+        self.executor = executor
+        self.options = options
+
+    def check(self) -> None:  # noqa: B027 - optional hook
+        """Validate the target cheaply, before any I/O; raise a clear error if it is wrong."""
+
+    @abstractmethod
+    async def open(self, size: int) -> None:
+        """Start writing an object of ``size`` bytes (invisible until ``complete``)."""
+
+    @abstractmethod
+    async def write_part(self, offset: int, data: memoryview) -> float | None:
+        """Write ``data`` at ``offset``; return the pure I/O seconds if measured inside."""
+
+    @abstractmethod
+    async def complete(self) -> dict[str, float]:
+        """Make the object durable and visible; return named timings (e.g. fsync_s)."""
+
+    @abstractmethod
+    async def abort(self) -> None:
+        """Discard a write in progress; idempotent; never raises for cleanup failures."""
+
+    @abstractmethod
+    async def read_into(self, offset: int, buf: memoryview) -> int:
+        """Read up to ``len(buf)`` bytes at ``offset`` into ``buf``; return the count."""
+
+    @abstractmethod
+    async def size(self) -> int:
+        """Size of the published object (raises TargetNotFoundError if absent)."""
+
+    @abstractmethod
+    async def delete(self) -> None:
+        """Remove the published object (no error if absent)."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release clients and descriptors."""
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for the run metadata: direct I/O engaged and why (not), part sizes, ..."""
+        return {"direct_io": False, "direct_io_reason": f"not applicable to {self.backend}"}

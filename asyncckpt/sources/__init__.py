@@ -1,0 +1,35 @@
+"""Sources of checkpoint bytes: dgen-py (default), NumPy (baseline), caller data."""
+
+from __future__ import annotations
+
+from .base import Source, ThreadedSource, fill_sequentially
+from .caller import CallerData, CallerSource
+from .dgen import DgenSource, pool_threads
+from .numpy_gen import NumpySource
+
+GENERATORS = ("dgen", "numpy")
+
+
+def make_source(
+    generator: str, total_size: int, *, seed: int, threads: int, data: CallerData | None = None
+) -> Source:
+    """The source for one save: caller data when given, else the named generator."""
+    if data is not None:
+        return CallerSource(data, total_size)
+    if generator == "numpy":
+        return NumpySource(total_size, seed=seed)
+    return DgenSource(total_size, seed=seed, threads=threads)
+
+
+__all__ = [
+    "GENERATORS",
+    "CallerData",
+    "CallerSource",
+    "DgenSource",
+    "NumpySource",
+    "Source",
+    "ThreadedSource",
+    "fill_sequentially",
+    "make_source",
+    "pool_threads",
+]

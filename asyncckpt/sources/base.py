@@ -1,0 +1,66 @@
+"""The producer side of the pipeline: something that fills buffers with checkpoint bytes."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from concurrent.futures import Executor
+from typing import Any
+
+from .._blocking import run_blocking
+
+
+class Source(ABC):
+    """Fills caller-owned buffers, in order, with exactly ``total_size`` bytes.
+
+    ``fill`` returns the byte count and the *pure* production time measured where the work
+    happens (inside the worker thread), so time spent queued in the executor or blocked on
+    back-pressure never counts as generation time.
+    """
+
+    kind: str = "source"
+
+    def __init__(self, total_size: int) -> None:
+        self.total_size = total_size
+        self.position = 0
+
+    @abstractmethod
+    async def fill(self, buf: memoryview, executor: Executor) -> tuple[int, float]:
+        """Fill ``buf`` completely (or up to the end of the data); return (bytes, seconds)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for the run metadata (generator name, seed, threads)."""
+        return {"generator": self.kind}
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; idempotent."""
+
+
+class ThreadedSource(Source):
+    """A source whose ``fill_sync`` is blocking work run in the owned executor."""
+
+    @abstractmethod
+    def fill_sync(self, buf: memoryview) -> int:
+        """Fill ``buf`` (blocking); return the bytes written."""
+
+    def _timed_fill(self, buf: memoryview) -> tuple[int, float]:
+        start = time.perf_counter()
+        n = self.fill_sync(buf)
+        return n, time.perf_counter() - start
+
+    async def fill(self, buf: memoryview, executor: Executor) -> tuple[int, float]:
+        want = min(len(buf), self.total_size - self.position)
+        if want <= 0:
+            return 0, 0.0
+        n, seconds = await run_blocking(executor, self._timed_fill, buf[:want])
+        self.position += n
+        return n, seconds
+
+
+async def fill_sequentially(source: Source, buf: memoryview, chunk: int, executor: Executor) -> float:
+    """Fill a large buffer chunk by chunk (the same byte stream as streaming); return seconds."""
+    total = 0.0
+    for offset in range(0, len(buf), chunk):
+        _, seconds = await source.fill(buf[offset : offset + chunk], executor)
+        total += seconds
+    return total

@@ -1,0 +1,98 @@
+"""dgen-py, the default generator: Rust, multithreaded, releases the GIL, no copies.
+
+dgen-py sizes one process-global Rayon pool from ``DGEN_THREADS`` / ``RAYON_NUM_THREADS``
+when its first Generator is built; ``max_threads`` only switches between a sequential and a
+parallel code path (and the two produce *different* bytes). So the budget is applied through
+the environment before first use, ``max_threads`` is left at its default so the byte stream
+does not depend on the thread count, and the pool size is verified by counting the threads
+that appeared.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from ..errors import MissingDependencyError
+from .base import ThreadedSource
+
+log = logging.getLogger("asyncckpt")
+
+_lock = threading.Lock()
+_pool_threads: int | None = None  # verified size of dgen-py's pool in this process
+_pool_requested: int | None = None
+
+
+def _thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # pragma: no cover - no procfs
+        return threading.active_count()
+
+
+def _import_dgen() -> Any:
+    try:
+        import dgen_py
+    except ImportError as exc:  # pragma: no cover - dgen-py is a core dependency
+        raise MissingDependencyError("dgen-py", "dgen", "the dgen generator") from exc
+    return dgen_py
+
+
+def _start_pool(threads: int) -> None:
+    """Start dgen-py's pool with ``threads`` workers, once per process, and measure it."""
+    global _pool_threads, _pool_requested
+    with _lock:
+        if _pool_requested is not None:
+            return
+        dgen_py = _import_dgen()
+        os.environ["DGEN_THREADS"] = str(threads)
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
+        before = _thread_count()
+        dgen_py.Generator(size=4096, seed=0)
+        # The pool adds its workers plus one helper thread (measured with DGEN_THREADS=1,2,5).
+        started = _thread_count() - before - 1
+        _pool_requested = threads
+        _pool_threads = started if started >= 1 else None
+        if _pool_threads is not None and _pool_threads != threads:
+            log.warning(
+                "dgen-py pool has %d threads, %d requested (pool was started earlier in this "
+                "process; its size cannot change)",
+                _pool_threads,
+                threads,
+            )
+
+
+def pool_threads() -> tuple[int | None, int | None]:
+    """(verified, requested) size of dgen-py's pool, or Nones before first use."""
+    return _pool_threads, _pool_requested
+
+
+class DgenSource(ThreadedSource):
+    """Seeded, reproducible synthetic bytes from dgen-py.
+
+    The bytes depend on the seed and on the buffer size of each fill, so a checkpoint is
+    reproduced by regenerating it with the same seed and chunk size.
+    """
+
+    kind = "dgen"
+
+    def __init__(self, total_size: int, *, seed: int, threads: int) -> None:
+        super().__init__(total_size)
+        _start_pool(threads)
+        self.seed = seed
+        self._gen = _import_dgen().Generator(size=max(total_size, 1), seed=seed)
+
+    def fill_sync(self, buf: memoryview) -> int:
+        n: int = self._gen.fill_chunk(buf)
+        return n
+
+    def describe(self) -> dict[str, Any]:
+        verified, requested = pool_threads()
+        return {
+            "generator": self.kind,
+            "seed": self.seed,
+            "gen_threads": verified,
+            "gen_threads_requested": requested,
+        }

@@ -1,0 +1,77 @@
+"""Where this process runs: usable CPUs, MPI ranks on this node, generator thread budget.
+
+The seed bug of this project: dividing the node's CPUs by the *global* MPI world size
+(192 CPUs / 64 ranks = 3 threads) starves generation on multi-node runs. The divisor must be
+the number of ranks sharing *this node*.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import NamedTuple
+
+#: Environment variables naming the ranks on this node, first present wins.
+LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE")
+LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK")
+RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
+SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+class ThreadBudget(NamedTuple):
+    """How many generator threads to use and how that number was reached."""
+
+    threads: int
+    usable_cpus: int
+    local_ranks: int
+    local_ranks_source: str  # the variable it came from, or "default"
+    overridden: bool
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (affinity mask), not the machine's total."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+def _first_int(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[int, str] | None:
+    for name in names:
+        raw = env.get(name)
+        if raw:
+            try:
+                value = int(raw)
+            except ValueError:
+                continue
+            if value >= 0:
+                return value, name
+    return None
+
+
+def local_ranks(env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """Ranks on this node and the variable that said so; ``(1, "default")`` outside MPI."""
+    found = _first_int(os.environ if env is None else env, LOCAL_SIZE_VARS)
+    return found if found and found[0] >= 1 else (1, "default")
+
+
+def thread_budget(
+    override: int | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    cpus: int | None = None,
+) -> ThreadBudget:
+    """Generator threads = usable CPUs // ranks on this node (at least 1), unless overridden."""
+    ncpu = usable_cpus() if cpus is None else cpus
+    nlocal, source = local_ranks(env)
+    if override is not None:
+        return ThreadBudget(override, ncpu, nlocal, source, True)
+    return ThreadBudget(max(1, ncpu // nlocal), ncpu, nlocal, source, False)
+
+
+def world(env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """``(rank, size)`` from the launcher's environment; ``(0, 1)`` outside MPI."""
+    e = os.environ if env is None else env
+    rank = _first_int(e, RANK_VARS)
+    size = _first_int(e, SIZE_VARS)
+    return (rank[0] if rank else 0, size[0] if size else 1)

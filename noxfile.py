@@ -1,0 +1,35 @@
+"""Test, lint and type-check sessions. ``nox`` with no arguments runs all three."""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.default_venv_backend = "venv"
+
+PYTHON = "3.11"
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The test suite against real files, a real S3 server, real processes and mpirun."""
+    if os.path.exists("tests/setup_system.sh"):
+        session.run("bash", "tests/setup_system.sh", external=True)
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    session.install("-e", ".[all]", "mypy>=1.11", "types-aiobotocore[s3]")
+    session.run("mypy")

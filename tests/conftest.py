@@ -1,0 +1,64 @@
+"""Shared fixtures. Everything here is real: files in tmp dirs, real threads, real loops."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+import dgen_py
+
+SLOW_CALLBACK_S = 0.1
+
+
+@pytest.fixture(autouse=True)
+async def _no_blocking_in_loop(caplog: pytest.LogCaptureFixture) -> AsyncIterator[None]:
+    """Fail any async test during which a loop callback blocked for SLOW_CALLBACK_S or more.
+
+    asyncio's debug mode logs every callback slower than ``slow_callback_duration``: a
+    blocking call (a synchronous write, a sleep, a big memcpy) in the loop shows up here.
+    """
+    loop = asyncio.get_running_loop()
+    loop.set_debug(True)
+    loop.slow_callback_duration = SLOW_CALLBACK_S
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        yield
+    slow = [r.getMessage() for r in caplog.records if r.name == "asyncio" and "took" in r.getMessage()]
+    assert not slow, f"event loop was blocked: {slow}"
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def leak_check() -> Iterator[None]:
+    """Assert a test leaves no extra file descriptors or Python threads behind."""
+    fds, threads = open_fds(), threading.active_count()
+    yield
+    assert threading.active_count() <= threads, [t.name for t in threading.enumerate()]
+    leaked = open_fds() - fds
+    # a descriptor listed before may be closed and its number reused; only new ones count
+    assert not leaked, {
+        fd: os.readlink(f"/proc/self/fd/{fd}") for fd in leaked if os.path.exists(f"/proc/self/fd/{fd}")
+    }
+
+
+def expected_bytes(size: int, chunk_size: int, seed: int) -> bytes:
+    """The synthetic stream for (size, chunk_size, seed), regenerated independently."""
+    gen = dgen_py.Generator(size=size, seed=seed)
+    out = bytearray(size)
+    view = memoryview(out)
+    for offset in range(0, size, chunk_size):
+        want = min(chunk_size, size - offset)
+        assert gen.fill_chunk(view[offset : offset + want]) == want
+    return bytes(out)
+
+
+def files_in(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir())
