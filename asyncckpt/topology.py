@@ -18,6 +18,19 @@ RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
 SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
+#: ranks on this node as measured by the MPI library (set by :mod:`asyncckpt.distributed`);
+#: preferred over environment variables, which not every launcher sets
+_measured_local: tuple[int, str] | None = None
+
+
+def set_local_ranks(count: int | None, source: str = "mpi4py") -> None:
+    """Record the node-local rank count measured by MPI (``None`` forgets it)."""
+    global _measured_local
+    if count is not None and count < 1:
+        raise ValueError(f"local rank count must be >= 1, got {count}")
+    _measured_local = None if count is None else (count, source)
+
+
 class ThreadBudget(NamedTuple):
     """How many generator threads to use and how that number was reached."""
 
@@ -50,7 +63,12 @@ def _first_int(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[int, str
 
 
 def local_ranks(env: Mapping[str, str] | None = None) -> tuple[int, str]:
-    """Ranks on this node and the variable that said so; ``(1, "default")`` outside MPI."""
+    """Ranks on this node and where that came from; ``(1, "default")`` outside MPI.
+
+    With no explicit ``env``, a count measured by MPI (:func:`set_local_ranks`) wins.
+    """
+    if env is None and _measured_local is not None:
+        return _measured_local
     found = _first_int(os.environ if env is None else env, LOCAL_SIZE_VARS)
     return found if found and found[0] >= 1 else (1, "default")
 
