@@ -27,6 +27,8 @@ CHECKPOINT_KEYS = (
     "bottleneck_counts",
     "rank_bottlenecks",
 )
+#: run facts carried per rank (the thread budget is what the seed bug got wrong)
+RANK_METADATA = ("uri", "hostname", "seed", "gen_threads", "local_ranks", "local_ranks_source")
 #: figures averaged over repeated checkpoints
 SUMMARY_FIGURES = ("throughput_bps", "duration_s", "min_rank_throughput_bps", "aggregate_bandwidth_bps")
 
@@ -80,6 +82,7 @@ def aggregate_checkpoint(
                 "throughput_bps": rates[i],
                 "bottleneck": r.get("bottleneck"),
                 "bottleneck_counts": dict(r.get("bottleneck_counts", {})),
+                **{k: r.get("metadata", {}).get(k) for k in RANK_METADATA},
             }
             for i, r in enumerate(results)
         ],

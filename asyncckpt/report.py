@@ -176,7 +176,7 @@ def format_distributed(report: Mapping[str, Any]) -> str:
         RULE,
         f"MPI run: {report['world_size']} ranks on {len(report['nodes'])} node(s): {nodes}",
         f"Target:  {report['target']}  layout {report['layout']}; "
-        f"{gib(report['size_bytes_per_rank'])} per rank",
+        f"{gib(report['size_bytes_per_rank'])} per rank, data seed {report['seed_base']} + rank",
     ]
     if report.get("preset"):
         p = report["preset"]

@@ -74,7 +74,7 @@ def test_sources_in_precedence_order(tmp_path: Path) -> None:
 
 
 def test_missing_endpoint_file_and_strategy_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="S3_ENDPOINT_FILE .*nope"):
+    with pytest.raises(ConfigError, match=r"S3_ENDPOINT_FILE .*nope"):
         endpoints_from_env(env={"S3_ENDPOINT_FILE": str(tmp_path / "nope")})
     with pytest.raises(ConfigError, match="'fastest' is not one of"):
         EndpointRouter.from_env(env={"AWS_ENDPOINT_URL": "http://a:1", "S3_LOAD_BALANCE_STRATEGY": "fastest"})

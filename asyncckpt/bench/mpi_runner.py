@@ -179,7 +179,8 @@ def run_distributed(
             print(f"[asyncckpt] {note}", file=sys.stderr)
     me = comm.info
     uri = shard_uri(setup["base"], args.layout, me.rank, me.size, me.local_rank)
-    plan = plan.with_target(uri)
+    # distinct data per rank (seed + rank), as real shards differ: storage cannot dedupe them
+    plan = replace(plan, target=uri, config=replace(plan.config, seed=plan.config.seed + me.rank))
     if not root:
         plan = replace(plan, progress=False, verbose=False)
     hosts = comm.gather((socket.gethostname(), me.local_size, uri))
@@ -216,6 +217,7 @@ def run_distributed(
         "layout": args.layout,
         "shards": [u for _, _, u in hosts],
         "size_bytes_per_rank": plan.size,
+        "seed_base": plan.config.seed,  # rank r writes the stream of seed_base + r
         "preset": info.preset,
         "config_file": info.config_file,
         "config_unused_keys": info.config_unused,

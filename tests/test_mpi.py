@@ -1,0 +1,111 @@
+"""Real ``mpirun -np 2 python -m asyncckpt.bench`` runs (Open MPI via tests/setup_system.sh)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import expected_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.skipif(
+        shutil.which("mpirun") is None,
+        reason="mpirun not found: run tests/setup_system.sh (installs Open MPI)",
+    ),
+]
+
+
+def mpirun(*args: str, np: int = 2, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    pytest.importorskip("mpi4py", reason="mpi4py not installed: pip install 'asyncckpt[mpi]'")
+    env = dict(os.environ)
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    cmd = ["mpirun", "-np", str(np), "--oversubscribe", sys.executable, "-m", "asyncckpt.bench", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_two_ranks_write_their_shards_and_rank0_reports(tmp_path: Path) -> None:
+    size, chunk = 5 * MiB + 123, MiB
+    out = tmp_path / "summary.json"
+    target = tmp_path / "ckpt"
+    args = [str(target), "--size", str(size), "--chunk-size", "1MiB", "--num-buffers", "4"]
+    proc = mpirun(*args, "--seed", "7", "--repeat", "2", "--keep", "--json", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):  # every rank wrote its own shard, with its own data (seed + rank)
+        data = (target / f"rank{rank:05d}.bin").read_bytes()
+        assert data == expected_bytes(size, chunk, 7 + rank)
+    assert sorted(p.name for p in target.iterdir()) == ["rank00000.bin", "rank00001.bin"]
+    assert proc.stdout.count("MPI run: 2 ranks") == 1  # only rank 0 prints
+    report = json.loads(out.read_text())
+    assert report["world_size"] == 2 and report["seed_base"] == 7
+    (phase,) = report["phases"]
+    assert (phase["phase"], phase["method"]) == ("save", "streaming")
+    assert len(phase["checkpoints"]) == 2
+    for c in phase["checkpoints"]:
+        assert c["total_bytes"] == 2 * size
+        assert c["duration_s"] == max(r["wall_s"] for r in c["per_rank"])
+        assert c["throughput_bps"] == pytest.approx(2 * size / c["duration_s"])
+        assert c["min_rank_throughput_bps"] <= c["throughput_bps"] <= c["aggregate_bandwidth_bps"]
+        assert {c["slowest_rank"]["rank"], c["fastest_rank"]["rank"]} <= {0, 1}
+        assert sum(c["rank_bottlenecks"].values()) == 2
+        # the generator budget used MPI's node-local size, not an env guess
+        assert {r["local_ranks"] for r in c["per_rank"]} == {2}
+        assert {r["local_ranks_source"] for r in c["per_rank"]} == {"mpi4py COMM_TYPE_SHARED"}
+    s = phase["summary"]
+    for key in ("throughput_bps_mean", "throughput_bps_stdev", "duration_s_mean", "duration_s_stdev"):
+        assert s[key] >= 0
+    assert s["total_bytes"] == 2 * size and s["checkpoints"] == 2
+
+
+def test_one_failing_rank_fails_the_run_without_hanging(tmp_path: Path) -> None:
+    (tmp_path / "d0").mkdir()  # rank 1's directory d1 does not exist
+    t0 = time.monotonic()
+    proc = mpirun(str(tmp_path), "--layout", "d{rank}/shard.bin", "--size", "2MiB", "-q", timeout=30)
+    assert time.monotonic() - t0 < 20
+    assert proc.returncode != 0
+    assert "failed on rank 1: TargetNotFoundError" in proc.stderr, proc.stderr
+    assert "d1" in proc.stderr and "rank 0:" not in proc.stderr
+    assert not list((tmp_path / "d0").iterdir())  # rank 0's shard was removed
+
+
+def test_setup_error_is_reported_once_before_any_io(tmp_path: Path) -> None:
+    proc = mpirun(str(tmp_path / "missing" / "ckpt"), "--size", "1MiB", timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr.count("does not exist") == 1, proc.stderr
+    assert not (tmp_path / "missing").exists()
+
+
+def test_preset_and_config_on_null_target(tmp_path: Path) -> None:
+    cfg = tmp_path / "workload.yaml"
+    cfg.write_text(
+        "model: {name: llama3_8b}\n"
+        "checkpoint:\n"
+        "  checkpoint_folder: null://bench\n"
+        "  num_checkpoints_write: 2\n"
+        "  fsync: false\n"
+        "  streaming: {enabled: true, chunk_size: 1048576, num_buffers: 4, use_dgen: true, nvme: 1}\n"
+    )
+    out = tmp_path / "s.json"
+    proc = mpirun("--config", str(cfg), "--model", "llama3-8b", "--scale", "0.0001", "--json", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert "unknown keys ignored: checkpoint.streaming.nvme" in proc.stderr
+    report = json.loads(out.read_text())
+    share = 105 * 10**9 // 10**4 // 8
+    assert report["preset"]["per_rank_bytes"] == share == report["size_bytes_per_rank"]
+    assert report["shards"] == ["null://bench/rank00000.bin", "null://bench/rank00001.bin"]
+    (phase,) = report["phases"]
+    assert [c["total_bytes"] for c in phase["checkpoints"]] == [2 * share, 2 * share]
