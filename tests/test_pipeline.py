@@ -152,3 +152,23 @@ async def test_preallocate_method_writes_the_same_bytes(tmp_path: Path) -> None:
     assert (tmp_path / "p.bin").read_bytes() == expected_bytes(size, CHUNK, 5)
     assert result.method == "preallocate"
     assert result.metadata.pool_bytes == size
+
+
+def test_runs_on_uvloop(tmp_path: Path) -> None:
+    uvloop = pytest.importorskip("uvloop", reason="uvloop is part of the test extra")
+
+    async def save() -> str:
+        async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=9) as ckpt:
+            result = await ckpt.save(tmp_path / "u.bin", 3 * CHUNK + 1)
+        return result.metadata.event_loop
+
+    assert uvloop.run(save()) == "uvloop"
+    assert (tmp_path / "u.bin").read_bytes() == expected_bytes(3 * CHUNK + 1, CHUNK, 9)
+
+
+async def test_start_is_logged_with_thread_budget(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="asyncckpt"):
+        async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
+            result = await ckpt.save(tmp_path / "l.bin", CHUNK)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("save ")]
+    assert f"{result.metadata.gen_threads} threads" in line and "ranks on this node" in line
