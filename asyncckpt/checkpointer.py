@@ -133,6 +133,20 @@ class AsyncCheckpointer:
             source = make_source(
                 self.config.generator, size, seed=self.config.seed, threads=self._budget.threads, data=data
             )
+            facts, b = source.describe(), self._budget
+            log.info(
+                "save %s: %d bytes, %s; generator %s with %s threads (%d requested = %d usable CPUs "
+                "// %d ranks on this node from %s)",
+                sink.uri,
+                size,
+                method,
+                facts.get("generator"),
+                facts.get("gen_threads"),
+                b.threads,
+                b.usable_cpus,
+                b.local_ranks,
+                b.local_ranks_source,
+            )
             try:
                 return await self._save(sink, source, size, method, progress)
             finally:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .metrics import ChunkRecord
 from .monitor import now
-from .pool import BufferPool, PoolBuffer
+from .pool import BufferPool, PoolBuffer, close_mapping
 from .sinks.base import Sink
 from .sources.base import Source, fill_sequentially
 
@@ -156,4 +156,4 @@ async def write_preallocated(
         return out, gen_s
     finally:
         view.release()
-        arena.close()
+        close_mapping(arena)

@@ -9,13 +9,15 @@ library replaces) fails loudly instead of corrupting data.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
+import gc
 import mmap
 from collections import deque
 from typing import NamedTuple
 
 PAGE = mmap.PAGESIZE
-_TOUCH_STEP = 1 << 20
+_TOUCH_STEP = 8 << 20
 
 
 class PoolStats(NamedTuple):
@@ -46,6 +48,20 @@ def buffer_address(view: memoryview) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(view))
 
 
+def close_mapping(mapping: mmap.mmap) -> None:
+    """Unmap now if no slice of it is alive; otherwise when the last one is collected.
+
+    A slice can outlive its buffer's use, e.g. in a traceback the caller keeps; that must not
+    turn a clean shutdown into an error.
+    """
+    try:
+        mapping.close()
+    except BufferError:
+        gc.collect()  # slices in reference cycles (finished task frames) go now
+        with contextlib.suppress(BufferError):
+            mapping.close()
+
+
 class BufferPool:
     """``num_buffers`` buffers of ``chunk_size`` bytes carved out of one anonymous mapping."""
 
@@ -68,11 +84,14 @@ class BufferPool:
         self._closed = False
 
     def touch(self) -> None:
-        """Fault every page in now, so first-touch page faults never count as generation."""
-        zeros = bytes(_TOUCH_STEP)
+        """Fault every page in now, so first-touch page faults never count as generation.
+
+        Blocking (run it in an executor); ``ctypes.memset`` releases the GIL, so the event
+        loop keeps running while the kernel maps the pages.
+        """
+        base = buffer_address(self._view)
         for start in range(0, self.nbytes, _TOUCH_STEP):
-            end = min(start + _TOUCH_STEP, self.nbytes)
-            self._view[start:end] = zeros[: end - start]
+            ctypes.memset(base + start, 0, min(_TOUCH_STEP, self.nbytes - start))
 
     @property
     def buffers(self) -> list[PoolBuffer]:
@@ -146,9 +165,4 @@ class BufferPool:
         for buf in self._buffers:
             buf.view.release()
         self._view.release()
-        try:
-            self._mmap.close()
-        except BufferError:
-            # a slice is still referenced (e.g. by a traceback the caller keeps); the
-            # mapping is unmapped when the last view is garbage-collected
-            pass
+        close_mapping(self._mmap)

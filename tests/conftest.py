@@ -9,9 +9,8 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import pytest
-
 import dgen_py
+import pytest
 
 SLOW_CALLBACK_S = 0.1
 

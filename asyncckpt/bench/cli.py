@@ -10,7 +10,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..config import CheckpointConfig
 from ..distributed import MPIComm, get_comm
@@ -28,13 +28,20 @@ def _size(name: str) -> Callable[[str], int]:
         try:
             return parse_size(text, name=name)
         except ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{name}: ")) from None
 
     return parse
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad input is one line on stderr and exit code 2 (no usage dump to scroll past)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"asyncckpt.bench: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m asyncckpt.bench",
         description="Measure checkpoint save throughput with honest per-chunk profiling.",
     )

@@ -23,6 +23,13 @@ BACKENDS: dict[str, SinkFactory] = {
 SCHEMES: dict[str, str] = {"": "file", "file": "file", "null": "null", "memory": "memory"}
 
 
+def register_backend(name: str, factory: SinkFactory, *, scheme: str | None = None) -> None:
+    """Add a backend (and optionally make it the default for a URI scheme)."""
+    BACKENDS[name] = factory
+    if scheme is not None:
+        SCHEMES[scheme] = name
+
+
 def scheme_of(uri: str) -> str:
     """The URI scheme, or "" for a plain path (including Windows-looking drive letters)."""
     if "://" not in uri and not uri.startswith("file:"):
@@ -62,6 +69,7 @@ __all__ = [
     "SinkOptions",
     "make_sink",
     "path_from_uri",
+    "register_backend",
     "resolve_backend",
     "scheme_of",
 ]

@@ -8,6 +8,8 @@ import numpy as np
 
 from .base import ThreadedSource
 
+_STEP = 1 << 20
+
 
 class NumpySource(ThreadedSource):
     """Seeded ``default_rng().bytes`` copied into the buffer (single-threaded)."""
@@ -20,7 +22,11 @@ class NumpySource(ThreadedSource):
         self._rng = np.random.default_rng(seed)
 
     def fill_sync(self, buf: memoryview) -> int:
-        buf[:] = self._rng.bytes(len(buf))
+        # NumPy holds the GIL while generating: small steps let the event loop run between
+        # them (the byte stream is the same as one large call)
+        for start in range(0, len(buf), _STEP):
+            end = min(start + _STEP, len(buf))
+            buf[start:end] = self._rng.bytes(end - start)
         return len(buf)
 
     def describe(self) -> dict[str, Any]:

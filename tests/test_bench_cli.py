@@ -1,0 +1,78 @@
+"""The benchmark command as a user runs it: a real subprocess, real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "asyncckpt.bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+
+
+def test_default_run_prints_results_and_cleans_up(tmp_path: Path) -> None:
+    proc = bench("--size", "64MiB", "--chunk-size", "8MiB", "--json", str(tmp_path / "r.json"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Bottleneck:" in proc.stdout and "Throughput:" in proc.stdout
+    data = json.loads((tmp_path / "r.json").read_text())
+    (result,) = data["results"]
+    assert result["size_bytes"] == 64 * 2**20 and result["chunks"] == 8
+    assert result["metadata"]["gen_threads"] >= 1
+    assert sum(result["bottleneck_counts"].values()) == 8
+    assert {"throughput_bps", "gen_bps", "io_bps", "gen_io_ratio", "overhead_pct"} <= result.keys()
+    assert list(tmp_path.iterdir()) == [tmp_path / "r.json"]
+
+
+def test_both_methods_to_explicit_target(tmp_path: Path) -> None:
+    target = tmp_path / "ck.bin"
+    proc = bench(
+        str(target),
+        "--size",
+        "32MiB",
+        "--chunk-size",
+        "4MiB",
+        "--method",
+        "both",
+        "--repeat",
+        "2",
+        "-q",
+        "--keep",
+        "--loop",
+        "asyncio",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("streaming") >= 3 and proc.stdout.count("preallocate") >= 3
+    assert target.stat().st_size == 32 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--size", "0"], "--size must be > 0"),
+        (["--size", "lots"], "cannot parse 'lots'"),
+        (["--chunk-size", "1000"], "chunk_size must be >= 4096, got 1000"),
+        (["--num-buffers", "0"], "num_buffers must be >= 1, got 0"),
+        (["gopher://x/y"], "unsupported URI scheme 'gopher'"),
+        (["/definitely/not/here/x.bin"], "'/definitely/not/here' of"),
+        (["--repeat", "0"], "--repeat must be >= 1"),
+    ],
+)
+def test_bad_input_exits_nonzero_with_one_line(tmp_path: Path, args: list[str], fragment: str) -> None:
+    proc = bench(*args, cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("usage:")]
+    assert len(lines) == 1, proc.stderr
+    assert fragment in lines[0]

@@ -1,0 +1,174 @@
+"""Pipeline behaviour: no buffer reuse race, honest per-chunk bottlenecks, a live event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncckpt import AsyncCheckpointer
+from asyncckpt._blocking import run_blocking
+from asyncckpt.metrics import GENERATION, IO
+from asyncckpt.sinks import BACKENDS, SCHEMES, register_backend
+from asyncckpt.sinks.memory import MemorySink
+from asyncckpt.units import MiB
+
+from .conftest import expected_bytes
+
+CHUNK = 1 * MiB
+
+
+class RaceCheckingSink(MemorySink):
+    """Checks every buffer is unchanged from the start to the end of its (slow) write."""
+
+    backend = "race-check"
+    default_in_flight = 2
+    violations: list[int] = []  # noqa: RUF012 - shared by the instances of one test
+
+    async def write_part(self, offset: int, data: memoryview) -> float | None:
+        before = zlib.crc32(data)
+        for _ in range(3):
+            await asyncio.sleep(0)  # give the producer every chance to refill this buffer
+        await run_blocking(self.executor, time.sleep, 0.002)
+        if zlib.crc32(data) != before:
+            RaceCheckingSink.violations.append(offset)
+        return await super().write_part(offset, data)
+
+
+class SlowSink(MemorySink):
+    backend = "slow"
+    default_in_flight = 1
+
+    async def write_part(self, offset: int, data: memoryview) -> float | None:
+        await run_blocking(self.executor, time.sleep, 0.01)
+        return await super().write_part(offset, data)
+
+
+@pytest.fixture
+def extra_backends() -> Iterator[None]:
+    saved_b, saved_s = dict(BACKENDS), dict(SCHEMES)
+    register_backend("race-check", RaceCheckingSink, scheme="racecheck")
+    register_backend("slow", SlowSink, scheme="slow")
+    RaceCheckingSink.violations = []
+    yield
+    BACKENDS.clear(), BACKENDS.update(saved_b)
+    SCHEMES.clear(), SCHEMES.update(saved_s)
+
+
+async def test_no_buffer_is_refilled_while_being_written(extra_backends: None) -> None:
+    from asyncckpt.sinks import MEMORY_STORE
+
+    size = 24 * CHUNK + 777
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3, seed=11) as ckpt:
+        result = await ckpt.save("racecheck://obj", size)
+        pool = ckpt._pool
+        assert pool is not None
+        stats = pool.stats()
+    assert RaceCheckingSink.violations == []
+    assert MEMORY_STORE.pop("racecheck://obj") == expected_bytes(size, CHUNK, 11)
+    assert stats.free == 3 and stats.peak_in_use == 3  # back-pressure happened, bounded by the pool
+    assert result.wait_free_s > 0
+
+
+async def test_slow_storage_is_labelled_io(extra_backends: None) -> None:
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
+        result = await ckpt.save("slow://obj", 12 * CHUNK)
+    assert result.bottleneck_counts == {IO: 12, GENERATION: 0}
+    assert result.bottleneck == IO
+    assert result.gen_io_ratio > 2
+    assert result.wait_free_s > result.wait_data_s  # the producer waited on storage
+
+
+async def test_slow_generation_is_labelled_generation(tmp_path: Path) -> None:
+    def slow_data() -> Iterator[bytes]:
+        for _ in range(12):
+            time.sleep(0.01)  # runs in the caller's iterator, i.e. "generation"
+            yield bytes(CHUNK)
+
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
+        result = await ckpt.save("null://x", 12 * CHUNK, data=slow_data())
+    assert result.bottleneck_counts == {IO: 0, GENERATION: 12}
+    assert result.gen_io_ratio < 1
+
+
+async def test_event_loop_keeps_ticking_during_large_save(tmp_path: Path) -> None:
+    gaps: list[float] = []
+    stop = asyncio.Event()
+
+    async def heartbeat() -> None:
+        last = time.perf_counter()
+        while not stop.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async with AsyncCheckpointer(chunk_size=32 * MiB, num_buffers=4) as ckpt:
+        beat = asyncio.create_task(heartbeat())
+        result = await ckpt.save(tmp_path / "big.bin", 512 * MiB)
+        stop.set()
+        await beat
+    gaps.sort()
+    assert len(gaps) > 50
+    assert gaps[int(len(gaps) * 0.99)] < 0.010, f"p99 heartbeat gap {gaps[int(len(gaps) * 0.99)]:.4f}s"
+    assert gaps[-1] < 0.050, f"max heartbeat gap {gaps[-1]:.4f}s"
+    assert result.loop_lag_s.max < 0.050
+
+
+async def test_repeated_saves_reuse_the_pool(tmp_path: Path) -> None:
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
+        await ckpt.save(tmp_path / "a", 3 * CHUNK)
+        pool = ckpt._pool
+        await ckpt.save(tmp_path / "b", 3 * CHUNK)
+        assert ckpt._pool is pool
+    assert ckpt._pool is None
+
+
+async def test_async_iterable_caller_data(tmp_path: Path) -> None:
+    pieces = [bytes([i]) * (1000 + i * 37_000) for i in range(40)]
+    blob = b"".join(pieces)
+
+    async def stream() -> AsyncIterator[Any]:
+        for p in pieces:
+            yield memoryview(p)
+
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
+        result = await ckpt.save(tmp_path / "state.bin", len(blob), data=stream())
+        await ckpt.save(tmp_path / "bytes.bin", data=blob)
+    assert (tmp_path / "state.bin").read_bytes() == blob
+    assert (tmp_path / "bytes.bin").read_bytes() == blob
+    assert result.metadata.generator == "caller"
+
+
+async def test_preallocate_method_writes_the_same_bytes(tmp_path: Path) -> None:
+    size = 5 * CHUNK + 3
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=5) as ckpt:
+        result = await ckpt.save(tmp_path / "p.bin", size, method="preallocate")
+    assert (tmp_path / "p.bin").read_bytes() == expected_bytes(size, CHUNK, 5)
+    assert result.method == "preallocate"
+    assert result.metadata.pool_bytes == size
+
+
+def test_runs_on_uvloop(tmp_path: Path) -> None:
+    uvloop = pytest.importorskip("uvloop", reason="uvloop is part of the test extra")
+
+    async def save() -> str:
+        async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=9) as ckpt:
+            result = await ckpt.save(tmp_path / "u.bin", 3 * CHUNK + 1)
+        return result.metadata.event_loop
+
+    assert uvloop.run(save()) == "uvloop"
+    assert (tmp_path / "u.bin").read_bytes() == expected_bytes(3 * CHUNK + 1, CHUNK, 9)
+
+
+async def test_start_is_logged_with_thread_budget(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="asyncckpt"):
+        async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
+            result = await ckpt.save(tmp_path / "l.bin", CHUNK)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("save ")]
+    assert f"{result.metadata.gen_threads} threads" in line and "ranks on this node" in line
