@@ -129,6 +129,27 @@ def endpoints_from_env(
     return [], "none"
 
 
+def strategy_from_env(env: Mapping[str, str] | None = None) -> str:
+    """``S3_LOAD_BALANCE_STRATEGY`` validated; ``round_robin`` when unset."""
+    e = os.environ if env is None else env
+    value = e.get("S3_LOAD_BALANCE_STRATEGY", "").strip().lower() or "round_robin"
+    if value not in STRATEGIES:
+        raise ConfigError(f"S3_LOAD_BALANCE_STRATEGY={value!r} is not one of {', '.join(STRATEGIES)}")
+    return value
+
+
+def rank_endpoint(rank: int, env: Mapping[str, str] | None = None) -> str | None:
+    """The endpoint pinned to ``rank`` (``rank % N``) when the strategy is ``rank``, else None.
+
+    For backends that take one endpoint per client (minio, s3torchconnector, s3dlio's
+    single-endpoint mode): each MPI rank talks to its own front end.
+    """
+    if strategy_from_env(env) != "rank":
+        return None
+    urls, _ = endpoints_from_env(None, env)
+    return urls[rank % len(urls)] if urls else None
+
+
 def is_failover_error(exc: BaseException) -> bool:
     """True when ``exc`` (or what caused it) says the endpoint is unreachable or timed out."""
     seen: set[int] = set()
@@ -223,7 +244,7 @@ class EndpointRouter:
 
         e = os.environ if env is None else env
         urls, _ = endpoints_from_env(explicit, e)
-        chosen = strategy or e.get("S3_LOAD_BALANCE_STRATEGY", "").strip().lower() or "round_robin"
+        chosen = strategy or strategy_from_env(e)
         r = rank_info_from_env(e).rank if rank is None else rank
         return cls(urls, chosen, rank=r, **kwargs)
 

@@ -19,6 +19,7 @@ from asyncckpt.endpoints import (
     endpoints_from_env,
     expand_template,
     is_failover_error,
+    rank_endpoint,
     validate_endpoint,
 )
 from asyncckpt.errors import ConfigError
@@ -320,3 +321,17 @@ async def test_failover_when_an_endpoint_stops_mid_upload(
     assert eb["errors"] >= 1 and eb["marked_down"] >= 1
     assert stats["retries"] == ea["retries"] >= 1
     assert ea["parts"] + eb["parts"] == len(parts)
+
+
+def test_rank_endpoint_only_with_rank_strategy() -> None:
+    env = {"S3_ENDPOINT_TEMPLATE": "http://10.0.0.{1...3}:9000", "S3_LOAD_BALANCE_STRATEGY": "rank"}
+    assert [rank_endpoint(r, env) for r in range(4)] == [
+        "http://10.0.0.1:9000",
+        "http://10.0.0.2:9000",
+        "http://10.0.0.3:9000",
+        "http://10.0.0.1:9000",
+    ]
+    assert rank_endpoint(1, {**env, "S3_LOAD_BALANCE_STRATEGY": "round_robin"}) is None
+    assert rank_endpoint(1, {"S3_LOAD_BALANCE_STRATEGY": "rank"}) is None
+    with pytest.raises(ConfigError, match="S3_LOAD_BALANCE_STRATEGY='random'"):
+        rank_endpoint(0, {**env, "S3_LOAD_BALANCE_STRATEGY": "random"})

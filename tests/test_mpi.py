@@ -26,7 +26,9 @@ pytestmark = [
 ]
 
 
-def mpirun(*args: str, np: int = 2, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def mpirun(
+    *args: str, np: int = 2, timeout: float = 60, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("mpi4py", reason="mpi4py not installed: pip install 'asyncckpt[mpi]'")
     env = dict(os.environ)
     env.update(
@@ -34,6 +36,7 @@ def mpirun(*args: str, np: int = 2, timeout: float = 60) -> subprocess.Completed
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
         PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
     )
+    env.update(env_extra or {})
     cmd = ["mpirun", "-np", str(np), "--oversubscribe", sys.executable, "-m", "asyncckpt.bench", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
@@ -109,3 +112,58 @@ def test_preset_and_config_on_null_target(tmp_path: Path) -> None:
     assert report["shards"] == ["null://bench/rank00000.bin", "null://bench/rank00001.bin"]
     (phase,) = report["phases"]
     assert [c["total_bytes"] for c in phase["checkpoints"]] == [2 * share, 2 * share]
+
+
+def _s3_backend_missing() -> str | None:
+    from asyncckpt.sinks import SCHEMES
+
+    return None if "s3" in SCHEMES else "no s3:// backend in this build (S3 sinks live on branch s3)"
+
+
+def test_two_ranks_to_s3_with_one_endpoint_per_rank(tmp_path: Path) -> None:
+    reason = _s3_backend_missing()
+    if reason:
+        pytest.skip(reason)
+    import boto3
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.moto_multi", "2"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    line = proc.stdout.readline()
+    try:
+        assert line.startswith("ENDPOINTS "), line
+        urls = line.split()[1].split(",")
+        creds = {
+            "aws_access_key_id": "testing",
+            "aws_secret_access_key": "testing",
+            "region_name": "us-east-1",
+        }
+        s3 = boto3.client("s3", endpoint_url=urls[0], **creds)
+        s3.create_bucket(Bucket="mpi")
+        env = {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1",
+            "S3_ENDPOINT_URIS": ",".join(urls),
+            "S3_LOAD_BALANCE_STRATEGY": "rank",
+        }
+        out = tmp_path / "s.json"
+        size = 7 * MiB
+        args = ("s3://mpi/run1", "--size", str(size), "--chunk-size", "5MiB", "--keep", "--json", str(out))
+        run = mpirun(*args, env_extra=env)
+        assert run.returncode == 0, run.stderr
+        report = json.loads(out.read_text())
+        assert report["rank_endpoints"] == urls  # rank r → endpoint r % 2
+        for rank in (0, 1):
+            head = s3.head_object(Bucket="mpi", Key=f"run1/rank{rank:05d}.bin")
+            assert head["ContentLength"] == size
+        assert report["phases"][0]["checkpoints"][0]["total_bytes"] == 2 * size
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)

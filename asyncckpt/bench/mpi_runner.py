@@ -27,6 +27,7 @@ from typing import Any
 from ..aggregate import aggregate_checkpoint, summarize
 from ..checkpointer import AsyncCheckpointer
 from ..distributed import Comm
+from ..endpoints import rank_endpoint
 from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
 from ..metrics import SaveResult
 from ..monitor import now
@@ -161,29 +162,40 @@ def run_distributed(
             print(f"asyncckpt.bench: {message}", file=sys.stderr)
         return code
 
-    # 1. validate and set up on rank 0, then broadcast (no rank lists or creates on its own)
+    # 1. validate everywhere, set up on rank 0 and broadcast (no rank creates or lists alone)
+    me = comm.info
     setup: dict[str, Any] = {}
-    plan: BenchPlan | None = None
+    error: str | None = None
+    endpoint: str | None = None
     try:
         plan = plan_from_args(args)
+        if scheme_of(plan.target or "") == "s3":  # S3_LOAD_BALANCE_STRATEGY=rank: own front end
+            endpoint = rank_endpoint(me.rank)
         if root:
             setup = _setup(plan, args.layout, args.mkdirs, comm.size)
     except (ConfigError, MissingDependencyError, TargetNotFoundError) as exc:
-        setup = {"error": str(exc)}
+        error = str(exc)
+    errors = comm.allgather(error)  # every rank learns if any rank cannot start
     shared: dict[str, Any] | None = comm.bcast(setup if root else None)
-    setup = shared or {"error": "no setup from rank 0"}
-    if "error" in setup or plan is None:
-        return fail(2, f"error: {setup.get('error', 'invalid arguments (see rank 0)')}")
+    bad = next(((r, e) for r, e in enumerate(errors) if e), None)
+    if bad is not None or not shared:
+        r, e = bad or (0, "no setup from rank 0")
+        if root and shared and shared.get("created"):
+            shutil.rmtree(shared["created"], ignore_errors=True)
+        return fail(2, f"error: {e}" if r == 0 else f"error on rank {r}: {e}")
+    setup = shared
     if root:
         for note in info.notes:
             print(f"[asyncckpt] {note}", file=sys.stderr)
-    me = comm.info
     uri = shard_uri(setup["base"], args.layout, me.rank, me.size, me.local_rank)
     # distinct data per rank (seed + rank), as real shards differ: storage cannot dedupe them
-    plan = replace(plan, target=uri, config=replace(plan.config, seed=plan.config.seed + me.rank))
+    config = replace(plan.config, seed=plan.config.seed + me.rank)
+    if endpoint is not None:
+        config = replace(config, backend_options={**config.backend_options, "endpoint_url": endpoint})
+    plan = replace(plan, target=uri, config=config)
     if not root:
         plan = replace(plan, progress=False, verbose=False)
-    hosts = comm.gather((socket.gethostname(), me.local_size, uri))
+    hosts = comm.gather((socket.gethostname(), me.local_size, uri, endpoint))
     # 2. the phases
     code = 0
     phases: list[dict[str, Any]] = []
@@ -206,7 +218,7 @@ def run_distributed(
     # 3. report (rank 0 only)
     assert hosts is not None
     nodes: dict[str, int] = {}
-    for host, local_size, _ in hosts:
+    for host, local_size, _, _ in hosts:
         nodes[host] = local_size
     report = {
         "mode": "mpi",
@@ -215,7 +227,8 @@ def run_distributed(
         "rank_info_source": me.source,
         "target": setup["base"],
         "layout": args.layout,
-        "shards": [u for _, _, u in hosts],
+        "shards": [u for _, _, u, _ in hosts],
+        "rank_endpoints": [ep for _, _, _, ep in hosts],  # set with S3_LOAD_BALANCE_STRATEGY=rank
         "size_bytes_per_rank": plan.size,
         "seed_base": plan.config.seed,  # rank r writes the stream of seed_base + r
         "preset": info.preset,
