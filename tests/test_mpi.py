@@ -167,3 +167,18 @@ def test_two_ranks_to_s3_with_one_endpoint_per_rank(tmp_path: Path) -> None:
     finally:
         proc.stdin.close()
         proc.wait(timeout=10)
+
+
+def test_save_then_load_phases_when_the_load_path_exists(tmp_path: Path) -> None:
+    from asyncckpt.bench.cli import build_parser
+
+    if "mode" not in {a.dest for a in build_parser()._actions}:
+        pytest.skip("no --mode option in this build (the load path lives on branch load)")
+    size, out = 3 * MiB + 5, tmp_path / "s.json"
+    args = (str(tmp_path / "ck"), "--mode", "both", "--size", str(size), "--chunk-size", "1MiB")
+    proc = mpirun(*args, "--num-checkpoints-read", "2", "--json", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    phases = {p["phase"]: p for p in json.loads(out.read_text())["phases"]}
+    assert [c["total_bytes"] for c in phases["save"]["checkpoints"]] == [2 * size]
+    assert [c["total_bytes"] for c in phases["load"]["checkpoints"]] == [2 * size, 2 * size]
+    assert "LOAD" in proc.stdout

@@ -47,14 +47,30 @@ class Phase:
     run: Callable[[AsyncCheckpointer, str, int, Progress | None], Awaitable[SaveResult]]
 
 
+def plan_mode(plan: BenchPlan) -> str:
+    """``save``, ``load`` or ``both`` (builds without a load path only save)."""
+    return str(getattr(plan, "mode", "save"))
+
+
 def phases_for(plan: BenchPlan) -> list[Phase]:
+    """Saves per method (``repeat`` each), then loads (``reads``) when the plan asks for them."""
+
     def saver(method: str) -> Callable[[AsyncCheckpointer, str, int, Progress | None], Awaitable[SaveResult]]:
         async def run(ck: AsyncCheckpointer, uri: str, size: int, progress: Progress | None) -> SaveResult:
             return await ck.save(uri, size, method=method, progress=progress)
 
         return run
 
-    return [Phase("save", m, plan.repeat, saver(m)) for m in plan.methods]
+    async def loader(ck: AsyncCheckpointer, uri: str, size: int, progress: Progress | None) -> SaveResult:
+        options = {k: getattr(plan, k) for k in ("verify", "num_readers", "read_chunk_size", "defeat_cache")}
+        result: SaveResult = await getattr(ck, "load")(uri, progress=progress, **options)  # noqa: B009
+        return result
+
+    mode = plan_mode(plan)
+    phases = [Phase("save", m, plan.repeat, saver(m)) for m in plan.methods] if mode != "load" else []
+    if mode in ("load", "both"):
+        phases.append(Phase("load", "streaming", int(getattr(plan, "reads", 1)), loader))
+    return phases
 
 
 class RankFailure(AsyncCkptError):
@@ -80,6 +96,8 @@ def _setup(plan: BenchPlan, layout: str, mkdirs: bool, size: int) -> dict[str, A
     for r in range(size):  # a bad layout fails here, before any I/O
         shard_uri(plan.target or "/", layout, r, size, 0)
     base, created = plan.target, None
+    if base is None and plan_mode(plan) == "load":
+        raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
     if base is None:
         base = created = tempfile.mkdtemp(prefix="asyncckpt-bench-")
     elif not scheme_of(base) or scheme_of(base) == "file":
@@ -142,7 +160,7 @@ async def _rank_main(plan: BenchPlan, comm: Comm, uri: str) -> list[dict[str, An
                         }
                     )
         finally:
-            if not plan.keep:
+            if not plan.keep and plan_mode(plan) != "load":  # a load-only run reads what it finds
                 await ck.delete(uri)
     return out
 

@@ -60,12 +60,18 @@ def parse_with_presets(
         info.config_file, info.config_defaults = wl.path, dict(wl.defaults)
         info.config_unused = wl.unknown + wl.unused
         info.notes += wl.warnings()
+        if wl.defaults.get("num_checkpoints_write") == 0 == wl.defaults.get("num_checkpoints_read"):
+            raise ConfigError(f"{wl.path}: num_checkpoints_write and num_checkpoints_read are both 0")
         for key, value in wl.defaults.items():
             dest = key
             if key == "num_checkpoints_write" and key not in dests:
-                dest = "repeat"  # the save loop's count until the load path adds its own option
-                if value < 1:
-                    raise ConfigError(f"{wl.path}: num_checkpoints_write={value} but this build only saves")
+                dest = "repeat"  # the save loop's count (the load path names it --num-checkpoints-write)
+            if key in ("num_checkpoints_write", "num_checkpoints_read") and value == 0:
+                if "mode" not in dests and key == "num_checkpoints_write":
+                    raise ConfigError(f"{wl.path}: num_checkpoints_write=0 but this build only saves")
+                if "mode" in dests:  # 0 writes: read an existing checkpoint; 0 reads: only save
+                    defaults["mode"] = "load" if key == "num_checkpoints_write" else "save"
+                continue
             if dest in dests:
                 defaults[dest] = value
             else:
