@@ -29,8 +29,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from asyncckpt.bench.cli import build_parser  # noqa: E402
 from asyncckpt.report import format_table, gbps  # noqa: E402
 from asyncckpt.topology import usable_cpus  # noqa: E402
+
+#: saves only (builds with a load path default to save + load; null:// keeps nothing to read)
+SAVE_ONLY = ["--mode", "save"] if "mode" in {a.dest for a in build_parser()._actions} else []
 
 
 def bench(
@@ -53,7 +57,7 @@ def bench(
             str(out),
             "-q",
         ]
-        cmd += ["--chunk-size", args.chunk_size, "--no-fsync"]
+        cmd += ["--chunk-size", args.chunk_size, "--no-fsync", *SAVE_ONLY]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         if proc.returncode != 0:
             raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr}")
@@ -62,7 +66,7 @@ def bench(
 
 
 def figures(report: dict[str, Any]) -> dict[str, Any]:
-    (phase,) = report["phases"]
+    (phase,) = [p for p in report["phases"] if p["phase"] == "save"]
     s = phase["summary"]
     last = phase["checkpoints"][-1]["per_rank"]
     return {
