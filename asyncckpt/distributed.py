@@ -122,12 +122,16 @@ class MPIComm(Comm):
         world = mpi.COMM_WORLD
         node = world.Split_type(mpi.COMM_TYPE_SHARED)
         info = RankInfo(world.Get_rank(), world.Get_size(), node.Get_rank(), node.Get_size(), "mpi4py")
+        mine = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+        sharers = topology.cpu_sharers(mine, node.allgather(mine)) if mine else info.local_size
         node.Free()
         super().__init__(info)
         self._world = world
         # Collectives from a helper thread need THREAD_SERIALIZED; below that, call inline.
         self._threaded = mpi.Query_thread() >= mpi.THREAD_SERIALIZED
-        topology.set_local_ranks(info.local_size, "mpi4py COMM_TYPE_SHARED")
+        self.cpu_sharers = sharers
+        source = f"mpi4py COMM_TYPE_SHARED, {sharers} sharing this CPU set"
+        topology.set_local_ranks(info.local_size, source, sharers)
 
     def barrier(self) -> None:
         self._world.Barrier()

@@ -73,7 +73,8 @@ def test_two_ranks_write_their_shards_and_rank0_reports(tmp_path: Path) -> None:
         assert sum(c["rank_bottlenecks"].values()) == 2
         # the generator budget used MPI's node-local size, not an env guess
         assert {r["local_ranks"] for r in c["per_rank"]} == {2}
-        assert {r["local_ranks_source"] for r in c["per_rank"]} == {"mpi4py COMM_TYPE_SHARED"}
+        sources = {r["local_ranks_source"] for r in c["per_rank"]}
+        assert all(src.startswith("mpi4py COMM_TYPE_SHARED") for src in sources), sources
     s = phase["summary"]
     for key in ("throughput_bps_mean", "throughput_bps_stdev", "duration_s_mean", "duration_s_stdev"):
         assert s[key] >= 0

@@ -193,6 +193,24 @@ def test_measured_local_size_wins_over_environment(monkeypatch: pytest.MonkeyPat
     assert topology.thread_budget(cpus=192).threads == 3
 
 
+def test_ranks_bound_by_the_launcher_divide_only_their_own_cpu_set() -> None:
+    # 8 ranks on a 2-socket node, mpirun binds 4 to each socket: each sees 96 CPUs, shared by 4
+    sockets = [frozenset(range(0, 96)), frozenset(range(96, 192))]
+    masks = [sockets[r // 4] for r in range(8)]
+    assert topology.cpu_sharers(masks[0], masks) == 4
+    assert topology.cpu_sharers(frozenset({5}), [frozenset({i}) for i in range(8)]) == 1  # bound to cores
+    try:
+        topology.set_local_ranks(8, "mpi4py", sharers=4)
+        budget = topology.thread_budget(cpus=96)
+        assert (budget.threads, budget.local_ranks) == (24, 8)  # not 96 // 8 = 12
+        topology.set_local_ranks(8, "mpi4py", sharers=8)  # unbound: everyone shares everything
+        assert topology.thread_budget(cpus=192).threads == 24
+        with pytest.raises(ValueError, match=r"1\.\.8"):
+            topology.set_local_ranks(8, "mpi4py", sharers=9)
+    finally:
+        topology.set_local_ranks(None)
+
+
 def test_single_process_comm_and_missing_mpi4py(monkeypatch: pytest.MonkeyPatch) -> None:
     comm = get_comm({})
     assert type(comm) is Comm and comm.size == 1 and comm.is_root
