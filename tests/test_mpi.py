@@ -190,3 +190,13 @@ def test_save_then_load_phases_when_the_load_path_exists(tmp_path: Path) -> None
     assert [c["total_bytes"] for c in phases["save"]["checkpoints"]] == [2 * size]
     assert [c["total_bytes"] for c in phases["load"]["checkpoints"]] == [2 * size, 2 * size]
     assert "LOAD" in proc.stdout
+
+
+def test_default_temporary_target_is_shared_and_removed(tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    proc = mpirun("--size", "1MiB", "--chunk-size", "1MiB", "--json", str(out), "-q", timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    base = Path(report["target"])
+    assert [Path(s).parent for s in report["shards"]] == [base, base]  # one directory made by rank 0
+    assert not base.exists()  # and removed at the end
