@@ -155,7 +155,9 @@ class LoadsMixin:
             )
         sink = self._sink(os.fspath(uri))
         sink.check()
-        readers = num_readers or cfg.max_in_flight or min(sink.default_in_flight, cfg.num_buffers)
+        readers = num_readers
+        if readers is None:
+            readers = cfg.max_in_flight or min(sink.default_in_flight, cfg.num_buffers)
         if isinstance(readers, bool) or not isinstance(readers, int) or not 1 <= readers <= cfg.num_buffers:
             raise ConfigError(
                 f"num_readers must be an integer in 1..num_buffers={cfg.num_buffers} (each read holds a "

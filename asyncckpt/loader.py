@@ -22,7 +22,7 @@ from .manifest import Manifest, object_name
 from .metrics import CONSUMER, IO, ChunkRecord
 from .monitor import now
 from .pipeline import PipelineTimes
-from .pool import BufferPool, PoolBuffer
+from .pool import BufferPool, PoolBuffer, close_mapping
 from .sinks.base import Sink
 from .verify import SYNTHETIC, Mismatch, RegenerateVerifier, Verifier
 
@@ -57,13 +57,24 @@ class LoadState:
 
 def identity_note(manifest: Manifest, facts: dict[str, Any], uri: str) -> str:
     """A sentence for error messages when the object is not the version the save published."""
-    saved, found = manifest.identity(), {k: facts[k] for k in manifest.identity() if k in facts}
+    saved, found = _flat(manifest.identity()), _flat({k: facts[k] for k in manifest.identity() if k in facts})
     notes = []
-    if found and found != saved:
-        notes.append(f"the object changed after the save ({saved} then, {found} now)")
+    changed = [f"{k} {saved[k]} → {found[k]}" for k in found if k in saved and found[k] != saved[k]]
+    if changed:
+        notes.append(f"the object changed after the save ({', '.join(changed)})")
     if manifest.object != object_name(uri):
         notes.append(f"the manifest names object {manifest.object!r}, not {object_name(uri)!r}")
     return "; ".join(notes)
+
+
+def _flat(identity: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in identity.items():
+        if isinstance(value, dict):
+            out.update(value)
+        else:
+            out[key] = value
+    return out
 
 
 def check_size(manifest: Manifest, size: int, uri: str, note: str) -> None:
@@ -194,7 +205,7 @@ async def pinpoint(
     finally:
         regen.close()
         view.release()
-        scratch.close()
+        close_mapping(scratch)
 
 
 def mismatch_error(

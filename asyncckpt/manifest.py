@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from .checksum import ALGORITHM, combine_all
 from .errors import ManifestError, ManifestMissingError, TargetNotFoundError
 from .metrics import ChunkRecord
+from .pool import close_mapping
 from .sinks.base import Sink
 
 FORMAT = "asyncckpt-manifest"
@@ -157,7 +158,7 @@ async def write_manifest(manifest: Manifest, sink: Sink) -> None:
             raise
     finally:
         view.release()
-        buf.close()
+        close_mapping(buf)
 
 
 async def read_manifest(sink: Sink, object_uri: str) -> Manifest:

@@ -9,6 +9,7 @@ library replaces) fails loudly instead of corrupting data.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import mmap
 from collections import deque
@@ -39,6 +40,16 @@ class PoolBuffer:
         self.index = index
         self.view = view
         self.checked_out = False
+
+
+def close_mapping(mapping: mmap.mmap) -> None:
+    """Unmap now, or (if a slice is still referenced) when the last view is collected.
+
+    An executor thread drops its reference to a job's arguments only *after* the awaiting
+    coroutine resumed, so a slice handed to ``run_blocking`` may briefly outlive the call.
+    """
+    with contextlib.suppress(BufferError):
+        mapping.close()
 
 
 def buffer_address(view: memoryview) -> int:

@@ -23,7 +23,7 @@ import numpy as np
 from .checksum import combine_all, crc
 from .errors import ConfigError, ManifestError
 from .manifest import Manifest
-from .pool import buffer_address
+from .pool import buffer_address, close_mapping
 from .sources import make_source
 from .sources.base import ThreadedSource
 
@@ -157,7 +157,7 @@ class RegenerateVerifier(Verifier):
     def close(self) -> None:
         self._source.close()
         self._expected.release()
-        self._scratch.close()
+        close_mapping(self._scratch)
 
 
 def make_verifier(mode: str, manifest: Manifest, *, threads: int) -> Verifier | None:
