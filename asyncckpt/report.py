@@ -171,6 +171,21 @@ def format_summary(summary: Mapping[str, Mapping[str, float]]) -> str:
     return format_table(("method", "runs", "throughput mean", "stdev", "duration mean", "stdev"), rows)
 
 
+def format_phases(summary: Mapping[str, Mapping[str, float]]) -> str:
+    """Save and load side by side: mean ± stdev across checkpoints (MLPerf Storage style)."""
+    rows = [
+        (
+            "load" if name == "load" else f"save ({name})",
+            int(s["runs"]),
+            f"{gbps(s['throughput_bps_mean'])} ± {gbps(s['throughput_bps_stdev'])}",
+            f"{s['duration_s_mean']:.3f} ± {s['duration_s_stdev']:.3f} s",
+            f"{gbps(s['io_bps_mean'])} ± {gbps(s['io_bps_stdev'])}",
+        )
+        for name, s in summary.items()
+    ]
+    return format_table(("phase", "checkpoints", "throughput (mean ± stdev)", "duration", "I/O only"), rows)
+
+
 class Progress:
     """A one-line progress bar on a terminal; silent when ``stream`` is not a TTY."""
 
