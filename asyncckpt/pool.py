@@ -157,9 +157,5 @@ class BufferPool:
         for buf in self._buffers:
             buf.view.release()
         self._view.release()
-        try:
-            self._mmap.close()
-        except BufferError:
-            # a slice is still referenced (e.g. by a traceback the caller keeps); the
-            # mapping is unmapped when the last view is garbage-collected
-            pass
+        # a slice may still be referenced (e.g. by a traceback the caller keeps)
+        close_mapping(self._mmap)

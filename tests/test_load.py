@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import mmap
 import os
@@ -11,6 +12,7 @@ import pytest
 
 from asyncckpt import AsyncCheckpointer, ConfigError
 from asyncckpt.checksum import crc
+from asyncckpt.errors import TruncatedError
 from asyncckpt.manifest import Manifest, manifest_uri
 from asyncckpt.sinks import MEMORY_STORE
 from asyncckpt.units import KiB, MiB
@@ -189,3 +191,66 @@ async def test_bad_load_arguments_rejected_before_io(
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
         with pytest.raises(ConfigError, match=message):
             await ckpt.load(tmp_path / "absent.bin", **kwargs)  # type: ignore[arg-type]
+
+
+async def test_preallocate_save_has_a_manifest_too(tmp_path: Path) -> None:
+    target = tmp_path / "p.bin"
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=8) as ckpt:
+        saved = await ckpt.save(target, 3 * CHUNK + 5, method="preallocate")
+        result = await ckpt.load(target, verify="regenerate")
+        await ckpt.load(target, verify=True)
+    assert saved.checksum_s > 0 and result.size_bytes == 3 * CHUNK + 5
+
+
+async def test_cancel_mid_load_cleans_up(tmp_path: Path, leak_check: None) -> None:
+    target = tmp_path / "c.bin"
+    got_one = asyncio.Event()
+    release = asyncio.Event()
+
+    async def consume(ckpt: AsyncCheckpointer) -> None:
+        async with ckpt.iter_load(target, num_readers=2) as views:
+            async for _ in views:
+                got_one.set()
+                await release.wait()  # a slow caller: reads in flight or done, buffers held
+
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3, seed=4) as ckpt:
+        await ckpt.save(target, 20 * CHUNK)
+        task = asyncio.create_task(consume(ckpt))
+        await got_one.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        pool = ckpt._pool
+        assert pool is not None and pool.stats().free == 3
+        assert (await ckpt.load(target)).chunks == 20  # lock and pool usable again
+
+
+async def test_object_truncated_during_load(tmp_path: Path) -> None:
+    target = tmp_path / "t.bin"
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=4) as ckpt:
+        await ckpt.save(target, 12 * CHUNK)
+        with pytest.raises(TruncatedError, match="truncated during the load"):
+            async with ckpt.iter_load(target, num_readers=1) as views:
+                async for _ in views:
+                    os.truncate(target, 2 * CHUNK)
+
+
+async def test_plain_async_for_cancelled_releases_the_pool_soon(tmp_path: Path) -> None:
+    """Without ``async with`` the generator is finalized by the loop shortly after the task ends."""
+    target = tmp_path / "g.bin"
+    got_one = asyncio.Event()
+
+    async def consume(ckpt: AsyncCheckpointer) -> None:
+        async for _ in ckpt.iter_load(target, num_readers=2):
+            got_one.set()
+            await asyncio.Event().wait()
+
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3, seed=4) as ckpt:
+        await ckpt.save(target, 20 * CHUNK)
+        task = asyncio.create_task(consume(ckpt))
+        await got_one.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        result = await asyncio.wait_for(ckpt.load(target), timeout=30)  # waits for the lock, not forever
+        assert result.chunks == 20
