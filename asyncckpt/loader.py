@@ -10,6 +10,7 @@ caller's time with a view is measured between items. None of them hides in anoth
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
@@ -102,15 +103,22 @@ class OrderedReader:
     ) -> None:
         self.sink, self.pool, self.size, self.read_chunk, self.uri = sink, pool, size, read_chunk, uri
         self._slots = asyncio.Semaphore(num_readers)
-        self._queue: asyncio.Queue[tuple[PoolBuffer, ChunkRecord, asyncio.Task[None]] | None] = (
-            asyncio.Queue()
-        )
+        self._queue: asyncio.Queue[tuple[PoolBuffer, ChunkRecord, asyncio.Task[None]] | Exception | None]
+        self._queue = asyncio.Queue()
         self._held: set[PoolBuffer] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.records: list[ChunkRecord] = []
         self._dispatcher = asyncio.create_task(self._dispatch(), name="asyncckpt-read-dispatch")
 
     async def _dispatch(self) -> None:
+        try:
+            await self._issue_reads()
+        except Exception as exc:  # hand the failure to the consumer, which awaits the queue
+            self._queue.put_nowait(exc)
+            return
+        self._queue.put_nowait(None)
+
+    async def _issue_reads(self) -> None:
         for index, offset in enumerate(range(0, self.size, self.read_chunk)):
             t0 = now()
             buf = await self.pool.acquire()
@@ -122,7 +130,6 @@ class OrderedReader:
             self._tasks.append(task)
             self.records.append(rec)
             self._queue.put_nowait((buf, rec, task))
-        self._queue.put_nowait(None)
 
     async def _read(self, buf: PoolBuffer, rec: ChunkRecord) -> None:
         try:
@@ -144,16 +151,11 @@ class OrderedReader:
 
     async def next(self) -> tuple[PoolBuffer, ChunkRecord] | None:
         """The next chunk in object order, once its read completed (None at the end)."""
-        getter = asyncio.ensure_future(self._queue.get())
-        await asyncio.wait([getter, self._dispatcher], return_when=asyncio.FIRST_COMPLETED)
-        if not getter.done():  # the dispatcher ended without queueing: it failed
-            getter.cancel()
-            await asyncio.wait([getter])
-            self._dispatcher.result()
-            raise RuntimeError("read dispatcher stopped early")
-        item = getter.result()
+        item = await self._queue.get()
         if item is None:
             return None
+        if isinstance(item, Exception):
+            raise item
         buf, rec, task = item
         t0 = now()
         await task
@@ -263,6 +265,8 @@ async def stream_views(
                     raise mismatch_error(bad, manifest, uri, verifier.mode, state.identity_note)
             yield view
             rec.fill_s = now() - t0  # consumer time: verification + the caller
+            with contextlib.suppress(BufferError):  # exported (e.g. to NumPy): cannot enforce
+                view.release()  # a view kept past its turn raises instead of showing new bytes
             reader.release(buf)
             if progress is not None:
                 progress(rec.nbytes)

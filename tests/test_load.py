@@ -254,3 +254,14 @@ async def test_plain_async_for_cancelled_releases_the_pool_soon(tmp_path: Path) 
             await task
         result = await asyncio.wait_for(ckpt.load(target), timeout=30)  # waits for the lock, not forever
         assert result.chunks == 20
+
+
+async def test_view_is_invalid_after_the_next_item(tmp_path: Path) -> None:
+    target = tmp_path / "v.bin"
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=4) as ckpt:
+        await ckpt.save(target, 3 * CHUNK)
+        kept: list[memoryview] = []
+        async for view in ckpt.iter_load(target):
+            kept.append(view)
+    with pytest.raises(ValueError, match="released"):
+        bytes(kept[0])
