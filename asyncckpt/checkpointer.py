@@ -152,7 +152,6 @@ class AsyncCheckpointer(LoadsMixin):
             pool.reset_stats()
         async with LoopMonitor(self.config.monitor_interval) as monitor:
             t0 = now()
-            await self._drop_manifest(sink.uri)  # a stale manifest must never describe the new object
             await sink.open(size)
             t_open = now()
             try:
@@ -172,6 +171,10 @@ class AsyncCheckpointer(LoadsMixin):
                         progress=progress,
                     )
                 t_close = now()
+                # the old manifest goes only now: a save failing earlier leaves the previous
+                # checkpoint verifiable, and a stale manifest never describes the new object
+                await self._drop_manifest(sink.uri)
+                drop_s = now() - t_close
                 close_detail = await sink.complete()
             except BaseException:
                 await sink.abort()
@@ -179,7 +182,7 @@ class AsyncCheckpointer(LoadsMixin):
             t_manifest = now()
             await self._publish_manifest(sink, source, size, times)
             t_end = now()
-            close_detail["manifest_s"] = t_end - t_manifest
+            close_detail["manifest_s"] = drop_s + t_end - t_manifest
         return self._result(
             sink,
             source,

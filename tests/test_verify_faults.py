@@ -129,7 +129,7 @@ async def test_corrupt_manifest(tmp_path: Path) -> None:
         await load(target)
 
 
-async def test_interrupted_save_leaves_no_valid_manifest(tmp_path: Path) -> None:
+async def test_failed_save_keeps_previous_checkpoint_verifiable(tmp_path: Path) -> None:
     target = await saved(tmp_path)
 
     def failing() -> object:
@@ -139,7 +139,16 @@ async def test_interrupted_save_leaves_no_valid_manifest(tmp_path: Path) -> None
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
         with pytest.raises(RuntimeError, match="boom"):
             await ckpt.save(target, 3 * CHUNK, data=failing())
-        with pytest.raises(ManifestMissingError):  # the old object stays, but unverified
+        result = await ckpt.load(target, verify="regenerate")  # old object and manifest intact
+    assert result.size_bytes == SIZE
+
+
+async def test_object_published_without_manifest_is_incomplete(tmp_path: Path) -> None:
+    """A crash between publishing the object and writing its manifest (simulated: no sidecar)."""
+    target = await saved(tmp_path)
+    os.replace(tmp_path / "ck.bin.manifest.json", tmp_path / "elsewhere.json")
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
+        with pytest.raises(ManifestMissingError, match="incomplete"):
             await ckpt.load(target)
 
 
