@@ -11,6 +11,8 @@ from typing import Any
 
 from .config import CheckpointConfig, validate_size
 from .errors import ConfigError
+from .load_api import LoadsMixin
+from .manifest import build_manifest, manifest_uri, write_manifest
 from .metrics import RunMetadata, SaveResult, busy_time, label_chunks, percentiles
 from .monitor import LoopMonitor, now
 from .pipeline import PipelineTimes, ProgressFn, stream, write_preallocated
@@ -26,8 +28,8 @@ log = logging.getLogger("asyncckpt")
 METHODS = ("streaming", "preallocate")
 
 
-class AsyncCheckpointer:
-    """Streams checkpoints to storage without blocking the event loop.
+class AsyncCheckpointer(LoadsMixin):
+    """Streams checkpoints to storage (and back: ``load``/``iter_load``) without blocking the loop.
 
     >>> async with AsyncCheckpointer(chunk_size=32 * 2**20, num_buffers=8) as ckpt:
     ...     result = await ckpt.save("/nvme/ckpt/rank0.bin", 16 * 2**30)
@@ -84,12 +86,13 @@ class AsyncCheckpointer:
         return self._pool
 
     async def delete(self, uri: str | os.PathLike[str]) -> None:
-        """Remove a published checkpoint (no error if it is absent)."""
-        sink = self._sink(os.fspath(uri))
-        try:
-            await sink.delete()
-        finally:
-            await sink.aclose()
+        """Remove a published checkpoint and its manifest (no error if absent)."""
+        for target in (manifest_uri(os.fspath(uri)), os.fspath(uri)):  # manifest first: never valid alone
+            sink = self._sink(target)
+            try:
+                await sink.delete()
+            finally:
+                await sink.aclose()
 
     # -- saving ------------------------------------------------------------------------
     def _sink(self, uri: str) -> Sink:
@@ -182,11 +185,18 @@ class AsyncCheckpointer:
                         progress=progress,
                     )
                 t_close = now()
+                # the old manifest goes only now: a save failing earlier leaves the previous
+                # checkpoint verifiable, and a stale manifest never describes the new object
+                await self._drop_manifest(sink.uri)
+                drop_s = now() - t_close
                 close_detail = await sink.complete()
             except BaseException:
                 await sink.abort()
                 raise
+            t_manifest = now()
+            await self._publish_manifest(sink, source, size, times)
             t_end = now()
+            close_detail["manifest_s"] = drop_s + t_end - t_manifest
         return self._result(
             sink,
             source,
@@ -201,6 +211,29 @@ class AsyncCheckpointer:
             wall_s=t_end - t0,
             close_detail=close_detail,
         )
+
+    async def _drop_manifest(self, uri: str) -> None:
+        msink = self._sink(manifest_uri(uri))
+        try:
+            await msink.delete()
+        finally:
+            await msink.aclose()
+
+    async def _publish_manifest(self, sink: Sink, source: Source, size: int, times: PipelineTimes) -> None:
+        """Written last: only a save that got this far is a complete checkpoint."""
+        manifest = build_manifest(
+            sink.uri,
+            size=size,
+            chunk_size=self.config.chunk_size,
+            records=times.records,
+            source=source.describe(),
+            backend=sink.describe(),
+        )
+        msink = self._sink(manifest_uri(sink.uri))
+        try:
+            await write_manifest(manifest, msink)
+        finally:
+            await msink.aclose()
 
     def _result(
         self,
@@ -263,4 +296,5 @@ class AsyncCheckpointer:
             baseline_rss_bytes=monitor.baseline_rss,
             metadata=meta,
             records=tuple(recs),
+            checksum_s=sum(r.checksum_s for r in recs),
         )

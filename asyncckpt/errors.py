@@ -63,6 +63,31 @@ class IntegrityError(AsyncCkptError, ValueError):
     """Data read back does not match what was written."""
 
 
+class ManifestMissingError(IntegrityError):
+    """The object has no manifest: its save never finished (or it was not written by us)."""
+
+
+class ManifestError(IntegrityError):
+    """The manifest is unreadable or does not describe this object (size, name)."""
+
+
+class TruncatedError(IntegrityError):
+    """The object is shorter than its manifest says (``offset``: first missing byte)."""
+
+    def __init__(self, message: str, *, offset: int) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
+class ChecksumMismatchError(IntegrityError):
+    """Bytes differ from the manifest; ``chunk`` and ``offset`` (first bad byte, if known)."""
+
+    def __init__(self, message: str, *, chunk: int, offset: int) -> None:
+        super().__init__(message)
+        self.chunk = chunk
+        self.offset = offset
+
+
 def map_os_error(exc: OSError, what: str) -> StorageError:
     """Map a kernel ``OSError`` to the matching :class:`StorageError` subclass.
 

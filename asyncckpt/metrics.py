@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 GENERATION = "Generation"
 IO = "I/O"
+CONSUMER = "Consumer"  # loads: verification and the caller
 
 
 @dataclass(slots=True)
@@ -32,6 +33,9 @@ class ChunkRecord:
     t_write_start: float = 0.0
     t_write_end: float = 0.0
     bottleneck: str = ""
+    checksum: int | None = None  # CRC32C of the chunk (saves: computed before release)
+    checksum_s: float = 0.0  # pure checksum time (inside the worker thread)
+    verify_s: float = 0.0  # loads: pure verification time of this chunk
 
     @property
     def latency_s(self) -> float:
@@ -114,7 +118,12 @@ class RunMetadata:
 
 @dataclass(frozen=True, kw_only=True)
 class SaveResult:
-    """One save (or, with ``operation="load"``, one load). Bytes, seconds, bytes/second."""
+    """One save (or, with ``operation="load"``, one load). Bytes, seconds, bytes/second.
+
+    For a load the same fields keep their roles, seen from the storage side: ``write_s`` is
+    the wall time with at least one *read* in flight, ``gen_s`` the consumer's time
+    (verification + caller), ``verify_s`` the pure verification part of it.
+    """
 
     operation: str
     method: str  # "streaming" or "preallocate"
@@ -136,6 +145,8 @@ class SaveResult:
     baseline_rss_bytes: int
     metadata: RunMetadata
     records: tuple[ChunkRecord, ...] = ()
+    checksum_s: float = 0.0  # saves: sum of pure CRC32C times (producer, before release)
+    verify_s: float = 0.0  # loads: sum of pure verification times
 
     @property
     def throughput_bps(self) -> float:
@@ -153,6 +164,14 @@ class SaveResult:
     @property
     def io_bps(self) -> float:
         return self.size_bytes / self.io_s if self.io_s > 0 else math.inf
+
+    @property
+    def checksum_bps(self) -> float:
+        return self.size_bytes / self.checksum_s if self.checksum_s > 0 else math.inf
+
+    @property
+    def verify_bps(self) -> float:
+        return self.size_bytes / self.verify_s if self.verify_s > 0 else math.inf
 
     @property
     def gen_io_ratio(self) -> float:
@@ -183,6 +202,8 @@ class SaveResult:
             io_bps=_finite(self.io_bps),
             io_s=self.io_s,
             gen_io_ratio=_finite(self.gen_io_ratio),
+            checksum_bps=_finite(self.checksum_bps),
+            verify_bps=_finite(self.verify_bps),
             overhead_pct=self.overhead_pct,
             bottleneck=self.bottleneck,
             pool_peak_over_baseline_bytes=self.peak_rss_bytes - self.baseline_rss_bytes,

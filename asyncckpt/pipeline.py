@@ -14,6 +14,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
+from ._blocking import run_blocking
+from .checksum import timed_crc
 from .metrics import ChunkRecord
 from .monitor import now
 from .pool import BufferPool, PoolBuffer, close_mapping
@@ -76,6 +78,8 @@ async def stream(
             rec.nbytes, rec.fill_s = await source.fill(buf.view[:want], executor)
             if rec.nbytes != want:
                 raise RuntimeError(f"source produced {rec.nbytes} of {want} bytes at {offset}")
+            # checksummed on the pooled buffer before anyone else sees it; timed on its own
+            rec.checksum, rec.checksum_s = await run_blocking(executor, timed_crc, buf.view[:want])
             out.records.append(rec)
             queue.put_nowait((buf, rec))  # unbounded: the pool is the bound
             offset += want
@@ -131,12 +135,17 @@ async def write_preallocated(
     view = memoryview(arena)[:total]
     try:
         gen_s = await fill_sequentially(source, view, chunk_size, executor)
+        sums = [
+            await run_blocking(executor, timed_crc, view[o : o + chunk_size])
+            for o in range(0, total, chunk_size)
+        ]
         out = PipelineTimes(start=now())
         offsets = iter(range(0, total, chunk_size))
 
         async def writer() -> None:
             for offset in offsets:
                 rec = ChunkRecord(len(out.records), offset, min(chunk_size, total - offset))
+                rec.checksum, rec.checksum_s = sums[offset // chunk_size]
                 out.records.append(rec)
                 rec.t_acquire = rec.t_write_start = now()
                 inner = await sink.write_part(offset, view[offset : offset + rec.nbytes])

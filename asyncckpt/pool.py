@@ -51,8 +51,9 @@ def buffer_address(view: memoryview) -> int:
 def close_mapping(mapping: mmap.mmap) -> None:
     """Unmap now if no slice of it is alive; otherwise when the last one is collected.
 
-    A slice can outlive its buffer's use, e.g. in a traceback the caller keeps; that must not
-    turn a clean shutdown into an error.
+    A slice can outlive its buffer's use: an executor thread drops its job's arguments only
+    after the awaiting coroutine resumed, and a caller may keep a traceback. Neither may turn
+    a clean shutdown into an error.
     """
     try:
         mapping.close()

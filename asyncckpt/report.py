@@ -34,6 +34,8 @@ def ms(seconds: float) -> str:
 
 def format_result(r: SaveResult) -> str:
     """The results block of one save or load."""
+    if r.operation == "load":
+        return format_load(r)
     m = r.metadata
     d = r.to_dict()
     counts = " / ".join(f"{k} {v:,}" for k, v in r.bottleneck_counts.items())
@@ -47,6 +49,7 @@ def format_result(r: SaveResult) -> str:
         RULE,
         f"Throughput:        {gbps(r.throughput_bps)}  ({gib(r.size_bytes)} in {r.wall_s:.3f} s, end to end)",
         f"Generation:        {r.gen_s:.3f} s @ {gbps(d['gen_bps'])}  (pure fill time)",
+        f"Checksum:          {r.checksum_s:.3f} s @ {gbps(d['checksum_bps'])}  (CRC32C, in the producer)",
         f"I/O:               {r.io_s:.3f} s @ {gbps(d['io_bps'])}",
         f"  - write:         {r.write_s:.3f} s",
         f"  - close:         {r.close_s:.3f} s ({close or 'no detail'})",
@@ -68,6 +71,40 @@ def format_result(r: SaveResult) -> str:
         f"Host:              {m.hostname}, Python {m.python}",
         RULE,
     ]
+    return "\n".join(lines)
+
+
+def format_load(r: SaveResult) -> str:
+    """The results block of one load: reads, verification and the caller kept apart."""
+    m, d, x = r.metadata, r.to_dict(), r.metadata.extra
+    counts = " / ".join(f"{k} {v:,}" for k, v in r.bottleneck_counts.items())
+    rl, lag = r.write_latency_s, r.loop_lag_s
+    verify = x.get("verify", "?")
+    regen = f", of which regeneration {x.get('regenerate_s', 0.0):.3f} s" if verify == "regenerate" else ""
+    lines = [
+        RULE,
+        f"LOAD: {gib(r.size_bytes)} ← {m.uri} [{m.backend}]",
+        RULE,
+        f"Throughput:        {gbps(r.throughput_bps)}  ({gib(r.size_bytes)} in {r.wall_s:.3f} s, end to end)",
+        f"Read (I/O):        {r.write_s:.3f} s @ {gbps(r.size_bytes / r.write_s if r.write_s > 0 else None)}"
+        f"  ({m.max_in_flight} reader(s) × {mib(m.chunk_size)})",
+        f"Verify:            {verify}: {r.verify_s:.3f} s @ {gbps(d['verify_bps'])}{regen}",
+        f"Consumer:          {r.gen_s:.3f} s  (verification + caller, per chunk, summed)",
+        f"Open:              {r.open_s:.3f} s (stat + manifest + open)",
+        f"Bottleneck:        {r.bottleneck}  (chunks: {counts})",
+        f"Waits:             for free buffers {r.wait_free_s:.3f} s, "
+        f"consumer for reads {r.wait_data_s:.3f} s",
+        f"Read latency:      p50 {ms(rl.p50)} p90 {ms(rl.p90)} p99 {ms(rl.p99)} max {ms(rl.max)} "
+        f"({r.chunks:,} reads)",
+        f"Event-loop lag:    p50 {ms(lag.p50)} p99 {ms(lag.p99)} max {ms(lag.max)} ({m.event_loop})",
+        f"Memory:            peak RSS {mib(r.peak_rss_bytes)} "
+        f"(+{mib(r.peak_rss_bytes - r.baseline_rss_bytes)} during the run); pool {mib(m.pool_bytes)}",
+        f"Cache defeat:      {'O_DIRECT' if m.direct_io else 'no O_DIRECT'} — {m.direct_io_reason}",
+        f"Manifest:          {m.generator} (seed {m.seed}), chunk {mib(x.get('manifest_chunk_size', 0))}",
+        RULE,
+    ]
+    if "identity_note" in x:
+        lines.insert(-1, f"Note:              {x['identity_note']}")
     return "\n".join(lines)
 
 
@@ -94,7 +131,7 @@ def format_comparison(results: Sequence[SaveResult]) -> str:
             gib(r.size_bytes),
             f"{r.wall_s:.3f} s",
             gbps(r.throughput_bps),
-            gbps(r.to_dict()["gen_bps"]),
+            gbps(r.to_dict()["verify_bps" if r.operation == "load" else "gen_bps"]),
             gbps(r.to_dict()["io_bps"]),
             r.bottleneck,
             mib(r.peak_rss_bytes - r.baseline_rss_bytes),
@@ -109,7 +146,7 @@ def format_comparison(results: Sequence[SaveResult]) -> str:
         "size",
         "wall",
         "throughput",
-        "gen",
+        "gen/verify",
         "io",
         "bottleneck",
         "+RSS",
@@ -132,6 +169,21 @@ def format_summary(summary: Mapping[str, Mapping[str, float]]) -> str:
         for method, s in summary.items()
     ]
     return format_table(("method", "runs", "throughput mean", "stdev", "duration mean", "stdev"), rows)
+
+
+def format_phases(summary: Mapping[str, Mapping[str, float]]) -> str:
+    """Save and load side by side: mean ± stdev across checkpoints (MLPerf Storage style)."""
+    rows = [
+        (
+            "load" if name == "load" else f"save ({name})",
+            int(s["runs"]),
+            f"{gbps(s['throughput_bps_mean'])} ± {gbps(s['throughput_bps_stdev'])}",
+            f"{s['duration_s_mean']:.3f} ± {s['duration_s_stdev']:.3f} s",
+            f"{gbps(s['io_bps_mean'])} ± {gbps(s['io_bps_stdev'])}",
+        )
+        for name, s in summary.items()
+    ]
+    return format_table(("phase", "checkpoints", "throughput (mean ± stdev)", "duration", "I/O only"), rows)
 
 
 class Progress:

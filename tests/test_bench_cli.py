@@ -27,7 +27,9 @@ def test_default_run_prints_results_and_cleans_up(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "Bottleneck:" in proc.stdout and "Throughput:" in proc.stdout
     data = json.loads((tmp_path / "r.json").read_text())
-    (result,) = data["results"]
+    (result,) = [r for r in data["results"] if r["operation"] == "save"]
+    (load,) = [r for r in data["results"] if r["operation"] == "load"]
+    assert load["size_bytes"] == 64 * 2**20  # the default mode saves, then loads with verification
     assert result["size_bytes"] == 64 * 2**20 and result["chunks"] == 8
     assert result["metadata"]["gen_threads"] >= 1
     assert sum(result["bottleneck_counts"].values()) == 8

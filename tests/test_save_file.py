@@ -38,7 +38,7 @@ async def test_written_bytes_equal_generator_stream(tmp_path: Path, size: int) -
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3, seed=7) as ckpt:
         result = await ckpt.save(target, size)
     assert target.read_bytes() == expected_bytes(size, CHUNK, 7)
-    assert files_in(tmp_path) == ["rank0.bin"]  # no temporary left behind
+    assert files_in(tmp_path) == ["rank0.bin", "rank0.bin.manifest.json"]  # no temporary left behind
     assert result.size_bytes == size
     assert result.chunks == -(-size // CHUNK)
     assert sum(result.bottleneck_counts.values()) == result.chunks

@@ -17,6 +17,7 @@ from ..distributed import MPIComm, get_comm
 from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
 from ..topology import world
 from ..units import parse_size
+from .load_args import add_load_arguments, load_plan_from_args
 from .runner import BenchPlan, run_plan
 from .scaleout import add_scaleout_arguments, parse_with_presets
 
@@ -43,7 +44,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m asyncckpt.bench",
-        description="Measure checkpoint save throughput with honest per-chunk profiling.",
+        description="Measure checkpoint save and load throughput with honest per-chunk profiling.",
     )
     p.add_argument("target", nargs="?", help="file path or URI (default: a temporary directory)")
     p.add_argument("--size", type=_size("--size"), default=DEFAULT_SIZE, help="checkpoint size (1GiB)")
@@ -57,8 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fsync", action="store_true", help="skip fsync at close")
     p.add_argument("--max-in-flight", type=int, default=None, help="writes in flight")
     p.add_argument("--backend", default=None, help="storage backend (default: from the URI)")
-    p.add_argument("--repeat", type=int, default=1, help="checkpoints to write (1)")
+    p.add_argument(
+        "--num-checkpoints-write",
+        "--repeat",
+        dest="repeat",
+        type=int,
+        default=1,
+        help="checkpoints to write (1)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the written checkpoint")
+    add_load_arguments(p)
     p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto")
     p.add_argument("--json", type=Path, default=None, help="also write results as JSON to FILE")
     p.add_argument("--records", action="store_true", help="include per-chunk records in the JSON")
@@ -89,6 +98,7 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         options["seed"] = args.seed
     config = CheckpointConfig(**options)
     methods = ("streaming", "preallocate") if args.method == "both" else (args.method,)
+    load = load_plan_from_args(args, config)
     return BenchPlan(
         target=args.target,
         size=args.size,
@@ -98,6 +108,7 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         keep=args.keep,
         progress=not args.quiet,
         verbose=not args.quiet,
+        **load,
     )
 
 
@@ -138,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = plan_from_args(args)
         with tempfile.TemporaryDirectory(prefix="asyncckpt-bench-") as tmp:
             if plan.target is None:
+                if plan.mode == "load":
+                    raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
                 plan = plan.with_target(str(Path(tmp) / "checkpoint.bin"))
             report = run_with_loop(args.loop, lambda: run_plan(plan))
     except (ConfigError, MissingDependencyError, TargetNotFoundError) as exc:

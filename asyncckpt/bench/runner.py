@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .._blocking import run_blocking
 from ..checkpointer import AsyncCheckpointer
 from ..config import CheckpointConfig
 from ..metrics import SaveResult
-from ..report import Progress, format_comparison, format_summary
+from ..report import Progress, format_comparison, format_phases, format_summary
+from .load_args import drop_caches
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,6 +25,14 @@ class BenchPlan:
     keep: bool = False
     progress: bool = True
     verbose: bool = True
+    # load phase (--mode): "save" (writes only), "load" (reads an existing target), "both"
+    mode: str = "save"
+    reads: int = 1
+    verify: bool | str = "checksum"
+    num_readers: int | None = None
+    read_chunk_size: int | None = None
+    drop_caches: bool = False
+    defeat_cache: bool = True
 
     def with_target(self, target: str) -> BenchPlan:
         return replace(self, target=target)
@@ -37,16 +48,12 @@ class BenchReport:
         """Mean and stdev of throughput and duration per method (MLPerf reports both)."""
         out: dict[str, dict[str, float]] = {}
         for method in self.plan.methods:
-            rs = [r for r in self.results if r.method == method]
-            tput = [r.throughput_bps for r in rs]
-            dur = [r.wall_s for r in rs]
-            out[method] = {
-                "runs": len(rs),
-                "throughput_bps_mean": statistics.fmean(tput),
-                "throughput_bps_stdev": statistics.stdev(tput) if len(tput) > 1 else 0.0,
-                "duration_s_mean": statistics.fmean(dur),
-                "duration_s_stdev": statistics.stdev(dur) if len(dur) > 1 else 0.0,
-            }
+            rs = [r for r in self.results if r.method == method and r.operation == "save"]
+            if rs:
+                out[method] = _stats(rs)
+        loads = [r for r in self.results if r.operation == "load"]
+        if loads:
+            out["load"] = _stats(loads)
         return out
 
     def to_json(self, *, records: bool = False) -> dict[str, Any]:
@@ -58,19 +65,66 @@ class BenchReport:
         }
 
 
+def _stats(rs: list[SaveResult]) -> dict[str, float]:
+    tput = [r.throughput_bps for r in rs]
+    dur = [r.wall_s for r in rs]
+    io = [r.size_bytes / r.io_s if r.io_s > 0 else 0.0 for r in rs]
+    return {
+        "runs": len(rs),
+        "throughput_bps_mean": statistics.fmean(tput),
+        "throughput_bps_stdev": statistics.stdev(tput) if len(tput) > 1 else 0.0,
+        "duration_s_mean": statistics.fmean(dur),
+        "duration_s_stdev": statistics.stdev(dur) if len(dur) > 1 else 0.0,
+        "io_bps_mean": statistics.fmean(io),
+        "io_bps_stdev": statistics.stdev(io) if len(io) > 1 else 0.0,
+    }
+
+
 async def run_plan(plan: BenchPlan) -> BenchReport:
-    """Save ``repeat`` checkpoints per method; remove them afterwards unless ``keep``."""
+    """Save ``repeat`` checkpoints per method, then (per ``mode``) load ``reads`` times;
+    remove what was saved afterwards unless ``keep`` (a load-only run never deletes)."""
     assert plan.target is not None
     results: list[SaveResult] = []
     async with AsyncCheckpointer(plan.config) as ckpt:
-        for method in plan.methods:
-            for i in range(plan.repeat):
-                progress = Progress(plan.size, f"{method} {i + 1}/{plan.repeat}") if plan.progress else None
-                results.append(await ckpt.save(plan.target, plan.size, method=method, progress=progress))
-        if not plan.keep:
+        if plan.mode in ("save", "both"):
+            for method in plan.methods:
+                for i in range(plan.repeat):
+                    progress = (
+                        Progress(plan.size, f"{method} {i + 1}/{plan.repeat}") if plan.progress else None
+                    )
+                    results.append(await ckpt.save(plan.target, plan.size, method=method, progress=progress))
+        if plan.mode in ("load", "both"):
+            results.extend(await run_loads(ckpt, plan))
+        if not plan.keep and plan.mode != "load":
             await ckpt.delete(plan.target)
     blocks = [str(r) for r in results] if plan.verbose else []
     blocks.append(format_comparison(results))
-    if len(results) > 1:
-        blocks.append(format_summary(BenchReport(plan, results, "").summary()))
+    summary = BenchReport(plan, results, "").summary()
+    if "load" in summary:
+        blocks.append(format_phases(summary))
+    elif len(results) > 1:
+        blocks.append(format_summary(summary))
     return BenchReport(plan, results, "\n\n".join(blocks))
+
+
+async def run_loads(ckpt: AsyncCheckpointer, plan: BenchPlan) -> list[SaveResult]:
+    """The read phase: optionally drop the page cache once, then ``reads`` verified loads."""
+    assert plan.target is not None
+    if plan.drop_caches:
+        with ThreadPoolExecutor(1, thread_name_prefix="asyncckpt-bench") as pool:
+            await run_blocking(pool, drop_caches)
+    out = []
+    for i in range(plan.reads):
+        size = plan.size if plan.mode == "both" else 0
+        progress = Progress(size, f"load {i + 1}/{plan.reads}") if plan.progress and size else None
+        out.append(
+            await ckpt.load(
+                plan.target,
+                verify=plan.verify,
+                num_readers=plan.num_readers,
+                read_chunk_size=plan.read_chunk_size,
+                defeat_cache=plan.defeat_cache,
+                progress=progress,
+            )
+        )
+    return out

@@ -58,6 +58,14 @@ class Sink(ABC):
     async def abort(self) -> None:
         """Discard a write in progress; idempotent; never raises for cleanup failures."""
 
+    async def open_read(self, *, defeat_cache: bool = True) -> None:  # noqa: B027 - optional hook
+        """Prepare for a series of ``read_into`` calls (a load); released by ``aclose``.
+
+        Sinks that keep a descriptor or connection open across reads, or that can keep
+        reads out of a cache (``defeat_cache``), do it here; the default does nothing.
+        ``describe()`` afterwards reports how reads were done.
+        """
+
     @abstractmethod
     async def read_into(self, offset: int, buf: memoryview) -> int:
         """Read up to ``len(buf)`` bytes at ``offset`` into ``buf``; return the count."""
@@ -74,5 +82,9 @@ class Sink(ABC):
         """Release clients and descriptors."""
 
     def describe(self) -> dict[str, Any]:
-        """Facts for the run metadata: direct I/O engaged and why (not), part sizes, ..."""
+        """Facts for the run metadata: direct I/O engaged and why (not), part sizes, ...
+
+        An ``identity`` or ``etag`` entry (after ``complete``/``size``) names the published
+        version of the object; the manifest keeps it so a load can tell it was replaced.
+        """
         return {"direct_io": False, "direct_io_reason": f"not applicable to {self.backend}"}

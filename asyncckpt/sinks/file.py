@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 from .._blocking import run_blocking
 from ..errors import ConfigError, DirectIOError, TargetNotFoundError, map_os_error
+from ..pool import buffer_address
 from .base import Sink
 
 log = logging.getLogger("asyncckpt")
@@ -74,6 +75,10 @@ class FileSink(Sink):
         self._scratch: mmap.mmap | None = None
         self.direct = False
         self.direct_reason = ""
+        self._rfd = self._bfd = -1  # read descriptors of a load (direct, buffered fallback)
+        self._rdirect = self._evict = False
+        self._rreason = ""
+        self._identity: dict[str, int] = {}
 
     def check(self) -> None:
         parent = self.path.parent
@@ -171,6 +176,7 @@ class FileSink(Sink):
         self._fd = -1
         os.replace(self._tmp, self.path)
         self._tmp = None
+        self._stat_sync()  # the published version's identity, for the manifest
         if self.options.fsync:
             dfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
             try:
@@ -204,31 +210,116 @@ class FileSink(Sink):
             self._scratch = None
 
     # -- reading -----------------------------------------------------------------------
-    def _read_sync(self, offset: int, buf: memoryview) -> int:
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+    def _open_read_sync(self, defeat_cache: bool) -> None:
+        self._close_read_sync()
+        self._rfd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        self._rdirect = False
+        self._evict = False
+        want = self.options.direct_io
+        if not defeat_cache:
+            self._rreason = "page cache allowed (defeat_cache=False): reads may not reach the device"
+            return
+        if want is False:
+            self._rreason = "disabled by direct_io=False"
+        elif not _O_DIRECT:
+            self._rreason = "O_DIRECT is not available on this platform"
+        else:
+            try:
+                flags = fcntl.fcntl(self._rfd, fcntl.F_GETFL)
+                fcntl.fcntl(self._rfd, fcntl.F_SETFL, flags | _O_DIRECT)
+                self._rdirect = True
+                self._rreason = "O_DIRECT reads (page cache bypassed)"
+                return
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self._rreason = f"O_DIRECT refused by the file system ({exc.strerror})"
+        if want is True:
+            raise DirectIOError(errno.EINVAL, f"direct_io=True but {self._rreason} for {str(self.path)!r}")
+        # evict what is cached now, and each range again after reading it
+        os.posix_fadvise(self._rfd, 0, 0, os.POSIX_FADV_DONTNEED)
+        self._evict = True
+        self._rreason += "; posix_fadvise(DONTNEED) before and during the load"
+
+    async def open_read(self, *, defeat_cache: bool = True) -> None:
         try:
-            return os.preadv(fd, [buf], offset)
-        finally:
-            os.close(fd)
+            await run_blocking(self.executor, self._open_read_sync, defeat_cache)
+        except OSError as exc:
+            await run_blocking(self.executor, self._close_read_sync)
+            raise map_os_error(exc, f"open {str(self.path)!r} for reading") from None
+
+    def _close_read_sync(self) -> None:
+        for name in ("_rfd", "_bfd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
+
+    def _read_direct(self, offset: int, buf: memoryview) -> int:
+        """O_DIRECT pread; an unaligned tail goes through a page-sized bounce buffer."""
+        aligned = len(buf) - len(buf) % ALIGN
+        got = os.preadv(self._rfd, [buf[:aligned]], offset) if aligned else 0
+        if got < aligned or aligned == len(buf):
+            return got
+        with mmap.mmap(-1, ALIGN) as scratch:
+            n = os.preadv(self._rfd, [scratch], offset + aligned)
+            take = min(n, len(buf) - aligned)
+            buf[aligned : aligned + take] = scratch[:take]
+        return got + take
+
+    def _read_sync(self, offset: int, buf: memoryview) -> int:
+        if not len(buf):
+            return 0
+        if self._rfd < 0:  # a one-off read (e.g. a manifest): no open_read needed
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                return os.preadv(fd, [buf], offset)
+            finally:
+                os.close(fd)
+        if self._rdirect and not offset % ALIGN and not buffer_address(buf) % ALIGN:
+            return self._read_direct(offset, buf)
+        fd = self._rfd
+        if self._rdirect:  # misaligned request: a buffered descriptor, evicted after use
+            if self._bfd < 0:
+                self._bfd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._bfd
+        n = os.preadv(fd, [buf], offset)
+        if self._evict or fd == self._bfd:
+            os.posix_fadvise(fd, offset, n, os.POSIX_FADV_DONTNEED)
+        return n
 
     async def read_into(self, offset: int, buf: memoryview) -> int:
         try:
             return await run_blocking(self.executor, self._read_sync, offset, buf)
         except OSError as exc:
-            raise map_os_error(exc, f"read {str(self.path)!r}") from None
+            raise map_os_error(exc, f"read {str(self.path)!r} at offset {offset}") from None
+
+    def _stat_sync(self) -> int:
+        st = os.stat(self.path)
+        self._identity = {"device": st.st_dev, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns}
+        return st.st_size
 
     async def size(self) -> int:
         try:
-            st = await run_blocking(self.executor, os.stat, self.path)
+            return await run_blocking(self.executor, self._stat_sync)
         except OSError as exc:
             raise map_os_error(exc, f"stat {str(self.path)!r}") from None
-        return st.st_size
 
     async def delete(self) -> None:
         await run_blocking(self.executor, self.path.unlink, True)
 
     async def aclose(self) -> None:
         await self.abort()
+        await run_blocking(self.executor, self._close_read_sync)
 
     def describe(self) -> dict[str, Any]:
-        return {"direct_io": self.direct, "direct_io_reason": self.direct_reason}
+        out: dict[str, Any] = {"direct_io": self.direct, "direct_io_reason": self.direct_reason}
+        if self._rreason:  # a load: report how the reads were done
+            out = {
+                "direct_io": self._rdirect,
+                "direct_io_reason": self._rreason,
+                "page_cache_evicted": self._evict,
+            }
+        if self._identity:
+            out["identity"] = dict(self._identity)
+        return out

@@ -1,0 +1,79 @@
+"""The load-side options of the benchmark CLI (kept apart so other option groups merge cleanly)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from ..config import CheckpointConfig
+from ..errors import ConfigError, StoragePermissionError
+from ..units import parse_size
+
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+VERIFY_CHOICES = {"checksum": "checksum", "regenerate": "regenerate", "none": False}
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text, name="--read-chunk-size")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_load_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "load", "reading checkpoints back (MLPerf Storage: 10 writes, clear caches, 10 reads)"
+    )
+    g.add_argument("--mode", choices=("save", "load", "both"), default="both", help="phases to run (both)")
+    g.add_argument("--num-checkpoints-read", type=int, default=1, help="checkpoints to read back (1)")
+    g.add_argument(
+        "--verify", choices=tuple(VERIFY_CHOICES), default="checksum", help="check loads (checksum)"
+    )
+    g.add_argument("--num-readers", type=int, default=None, help="reads in flight (backend default)")
+    g.add_argument("--read-chunk-size", type=_size, default=None, help="bytes per read (--chunk-size)")
+    g.add_argument(
+        "--drop-caches", action="store_true", help=f"root: sync and write 3 to {DROP_CACHES} before reading"
+    )
+    g.add_argument(
+        "--allow-cache", action="store_true", help="let loads hit the page cache (no O_DIRECT or eviction)"
+    )
+
+
+def load_plan_from_args(args: argparse.Namespace, config: CheckpointConfig) -> dict[str, Any]:
+    """BenchPlan fields for the load phase, validated before any I/O."""
+    if args.num_checkpoints_read < 1:
+        raise ConfigError(f"--num-checkpoints-read must be >= 1, got {args.num_checkpoints_read}")
+    if args.num_readers is not None and not 1 <= args.num_readers <= config.num_buffers:
+        raise ConfigError(
+            f"--num-readers must be in 1..--num-buffers ({config.num_buffers}), got {args.num_readers}"
+        )
+    if args.read_chunk_size is not None and (
+        args.read_chunk_size % 4096 or args.read_chunk_size > config.chunk_size
+    ):
+        raise ConfigError(
+            f"--read-chunk-size must be a multiple of 4096 and <= --chunk-size, got {args.read_chunk_size}"
+        )
+    if args.drop_caches and args.mode != "save" and not os.access(DROP_CACHES, os.W_OK):
+        raise ConfigError(f"--drop-caches needs permission to write {DROP_CACHES} (run as root)")
+    return {
+        "mode": args.mode,
+        "reads": args.num_checkpoints_read,
+        "verify": VERIFY_CHOICES[args.verify],
+        "num_readers": args.num_readers,
+        "read_chunk_size": args.read_chunk_size,
+        "drop_caches": args.drop_caches,
+        "defeat_cache": not args.allow_cache,
+    }
+
+
+def drop_caches() -> None:
+    """Flush dirty pages, then drop the page cache, dentries and inodes (blocking; root)."""
+    os.sync()
+    try:
+        with open(DROP_CACHES, "w") as f:
+            f.write("3\n")
+    except OSError as exc:
+        raise StoragePermissionError(
+            exc.errno, f"--drop-caches: cannot write {DROP_CACHES}: {exc.strerror} (needs root)"
+        ) from None

@@ -1,0 +1,284 @@
+"""``load`` and ``iter_load`` of :class:`AsyncCheckpointer` (kept apart from the save path).
+
+A load takes the same lock as a save (they share the pool), reads the manifest, checks the
+object's size against it before any data is read, then streams verified views.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Any
+
+from ._blocking import run_blocking
+from .config import ALIGN, CheckpointConfig
+from .errors import ConfigError
+from .loader import LoadState, check_size, identity_note, label_loads, stream_views, verify_mode
+from .manifest import manifest_uri, read_manifest
+from .metrics import RunMetadata, SaveResult, busy_time, percentiles
+from .monitor import LoopMonitor, now
+from .pool import BufferPool
+from .runinfo import environment_facts
+from .sinks.base import Sink
+from .topology import ThreadBudget
+from .verify import Verifier, make_verifier
+
+ProgressFn = Callable[[int], None]
+
+
+class LoadStream:
+    """``async for view in ckpt.iter_load(uri)``: views valid until the next item.
+
+    The pool is held while iterating; a plain ``async for`` releases it when the data ends,
+    fails or the loop is left (the generator is finalized); ``async with`` releases it at once.
+    ``result`` is the measurement once the last view was consumed.
+    """
+
+    def __init__(self, gen: AsyncGenerator[memoryview, None], state: LoadState) -> None:
+        self._gen = gen
+        self._state = state
+
+    def __aiter__(self) -> AsyncIterator[memoryview]:
+        return self._gen
+
+    async def __aenter__(self) -> LoadStream:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._gen.aclose()
+
+    async def aclose(self) -> None:
+        await self._gen.aclose()
+
+    @property
+    def result(self) -> SaveResult:
+        if self._state.result is None:
+            raise RuntimeError("the load has not finished: consume every view first")
+        result: SaveResult = self._state.result
+        return result
+
+
+def _writable(into: object) -> memoryview:
+    try:
+        view = memoryview(into)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigError(f"into= must be a writable buffer, got {type(into).__name__}") from None
+    if view.readonly:
+        raise ConfigError(f"into= must be writable, got a read-only {type(into).__name__}")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def _copy(dst: memoryview, src: memoryview) -> None:
+    dst[:] = src
+
+
+class LoadsMixin:
+    """Load methods; the host class provides the pool, executor, lock and sink factory."""
+
+    config: CheckpointConfig
+    _budget: ThreadBudget
+    _lock: asyncio.Lock
+
+    def _sink(self, uri: str) -> Sink:
+        raise NotImplementedError
+
+    def _ensure_executor(self) -> ThreadPoolExecutor:
+        raise NotImplementedError
+
+    async def _ensure_pool(self) -> BufferPool:
+        raise NotImplementedError
+
+    async def load(
+        self,
+        uri: str | os.PathLike[str],
+        *,
+        verify: bool | str = True,
+        num_readers: int | None = None,
+        read_chunk_size: int | None = None,
+        into: Any = None,
+        defeat_cache: bool = True,
+        progress: ProgressFn | None = None,
+    ) -> SaveResult:
+        """Read a checkpoint back (verified against its manifest) and return what it measured.
+
+        ``verify``: True/"checksum" (CRC32C per chunk), "regenerate" (synthetic data, byte by
+        byte) or False (pure reads). ``into``: a writable buffer that receives the bytes.
+        """
+        target = _writable(into) if into is not None else None
+        stream = self._stream(uri, verify, num_readers, read_chunk_size, defeat_cache, progress, target)
+        executor = self._ensure_executor()
+        offset = 0
+        async with stream:
+            async for view in stream:
+                if target is not None:
+                    await run_blocking(executor, _copy, target[offset : offset + len(view)], view)
+                offset += len(view)
+        return stream.result
+
+    def iter_load(
+        self,
+        uri: str | os.PathLike[str],
+        *,
+        verify: bool | str = True,
+        num_readers: int | None = None,
+        read_chunk_size: int | None = None,
+        defeat_cache: bool = True,
+        progress: ProgressFn | None = None,
+    ) -> LoadStream:
+        """Stream a checkpoint as verified memoryviews, in order, each valid until the next."""
+        return self._stream(uri, verify, num_readers, read_chunk_size, defeat_cache, progress, None)
+
+    def _stream(
+        self,
+        uri: str | os.PathLike[str],
+        verify: object,
+        num_readers: int | None,
+        read_chunk_size: int | None,
+        defeat_cache: bool,
+        progress: ProgressFn | None,
+        into: memoryview | None,
+    ) -> LoadStream:
+        mode = verify_mode(verify)
+        cfg = self.config
+        chunk = cfg.chunk_size if read_chunk_size is None else read_chunk_size
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < ALIGN or chunk % ALIGN:
+            raise ConfigError(f"read_chunk_size must be a positive multiple of {ALIGN}, got {chunk!r}")
+        if chunk > cfg.chunk_size:
+            raise ConfigError(
+                f"read_chunk_size={chunk} exceeds the pool's chunk_size={cfg.chunk_size}: "
+                "reads land in pooled buffers"
+            )
+        sink = self._sink(os.fspath(uri))
+        sink.check()
+        readers = num_readers
+        if readers is None:
+            readers = cfg.max_in_flight or min(sink.default_in_flight, cfg.num_buffers)
+        if isinstance(readers, bool) or not isinstance(readers, int) or not 1 <= readers <= cfg.num_buffers:
+            raise ConfigError(
+                f"num_readers must be an integer in 1..num_buffers={cfg.num_buffers} (each read holds a "
+                f"buffer), got {num_readers!r}"
+            )
+        state = LoadState(verify_mode=mode)
+        gen = self._iterate(sink, state, chunk, readers, defeat_cache, progress, into)
+        return LoadStream(gen, state)
+
+    async def _iterate(
+        self,
+        sink: Sink,
+        state: LoadState,
+        read_chunk: int,
+        readers: int,
+        defeat_cache: bool,
+        progress: ProgressFn | None,
+        into: memoryview | None,
+    ) -> AsyncGenerator[memoryview, None]:
+        uri = state.uri = sink.uri
+        state.backend = sink.backend
+        msink = self._sink(manifest_uri(uri))
+        verifier: Verifier | None = None
+        try:
+            async with self._lock:
+                pool = await self._ensure_pool()
+                pool.reset_stats()
+                executor = self._ensure_executor()
+                async with LoopMonitor(self.config.monitor_interval) as monitor:
+                    t0 = now()
+                    state.size = await sink.size()
+                    manifest = state.manifest = await read_manifest(msink, uri)
+                    state.identity_note = identity_note(manifest, sink.describe(), uri)
+                    check_size(manifest, state.size, uri, state.identity_note)
+                    if into is not None and len(into) < state.size:
+                        raise ConfigError(f"into= holds {len(into)} bytes; {uri!r} has {state.size}")
+                    verifier = make_verifier(state.verify_mode, manifest, threads=self._budget.threads)
+                    await sink.open_read(defeat_cache=defeat_cache)
+                    state.open_s = now() - t0
+                    async for view in stream_views(
+                        uri=uri,
+                        sink=sink,
+                        pool=pool,
+                        executor=executor,
+                        manifest=manifest,
+                        verifier=verifier,
+                        state=state,
+                        read_chunk=read_chunk,
+                        num_readers=readers,
+                        threads=self._budget.threads,
+                        progress=progress,
+                    ):
+                        yield view
+                    state.sink_facts = sink.describe()
+                    t_close = now()
+                    await sink.aclose()
+                    t_end = now()
+                state.regen_s = float(getattr(verifier, "regen_s", 0.0))
+                state.result = self._load_result(state, readers, monitor, t0, t_close, t_end)
+        finally:
+            if verifier is not None:
+                verifier.close()
+            await sink.aclose()
+            await msink.aclose()
+
+    def _load_result(
+        self, state: LoadState, readers: int, monitor: LoopMonitor, t0: float, t_close: float, t_end: float
+    ) -> SaveResult:
+        recs, m, facts = state.times.records, state.manifest, dict(state.sink_facts)
+        assert m is not None
+        counts = label_loads(recs, readers)
+        budget = self._budget
+        facts.update(
+            verify=state.verify_mode,
+            num_readers=readers,
+            manifest_chunk_size=m.chunk_size,
+            manifest_generator=m.generator,
+            regenerate_s=state.regen_s,
+        )
+        if state.identity_note:
+            facts["identity_note"] = state.identity_note
+        meta = RunMetadata(
+            backend=state.backend,
+            uri=state.uri,
+            direct_io=bool(facts.pop("direct_io", False)),
+            direct_io_reason=str(facts.pop("direct_io_reason", "")),
+            chunk_size=recs[0].nbytes if len(recs) > 1 else max((r.nbytes for r in recs), default=0),
+            num_buffers=self.config.num_buffers,
+            pool_bytes=self.config.pool_bytes,
+            max_in_flight=readers,
+            generator=m.generator,
+            seed=m.seed,
+            gen_threads=budget.threads if state.verify_mode == "regenerate" else None,
+            gen_threads_requested=budget.threads if state.verify_mode == "regenerate" else None,
+            usable_cpus=budget.usable_cpus,
+            local_ranks=budget.local_ranks,
+            local_ranks_source=budget.local_ranks_source,
+            fsync=False,
+            extra=facts,
+            **environment_facts(),
+        )
+        return SaveResult(
+            operation="load",
+            method="streaming",
+            size_bytes=state.size,
+            wall_s=t_end - t0,
+            open_s=state.open_s,
+            gen_s=sum(r.fill_s for r in recs),
+            write_s=busy_time([(r.t_write_start, r.t_write_end) for r in recs]),
+            close_s=t_end - t_close,
+            close_detail={},
+            wait_free_s=sum(r.wait_free_s for r in recs),
+            wait_data_s=sum(r.wait_data_s for r in recs),
+            chunks=len(recs),
+            bottleneck_counts=counts,
+            chunk_latency_s=percentiles([r.latency_s for r in recs]),
+            write_latency_s=percentiles([r.write_s for r in recs]),
+            loop_lag_s=monitor.lag(),
+            peak_rss_bytes=monitor.peak_rss,
+            baseline_rss_bytes=monitor.baseline_rss,
+            metadata=meta,
+            records=tuple(recs),
+            verify_s=sum(r.verify_s for r in recs),
+        )

@@ -1,0 +1,184 @@
+"""The manifest: a small sidecar object written LAST by every save, read FIRST by every load.
+
+``<uri>.manifest.json`` (same backend, same sink interface, so it works wherever the object
+does) holds what a load needs to prove the object: size, chunk size, how the bytes were made
+(generator + seed, or caller data), one CRC32C per chunk, the whole-object CRC32C and the
+backend's facts (ETag, parts, file identity). An object without its manifest is an
+unfinished save, and a load says so instead of trusting it.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import posixpath
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from .checksum import ALGORITHM, combine_all
+from .errors import ManifestError, ManifestMissingError, TargetNotFoundError
+from .metrics import ChunkRecord
+from .pool import close_mapping
+from .sinks.base import Sink
+
+FORMAT = "asyncckpt-manifest"
+VERSION = 1
+SUFFIX = ".manifest.json"
+MAX_MANIFEST_BYTES = 64 * 2**20  # 16 bytes per chunk: far beyond any real checkpoint
+#: describe() keys that identify one published version of an object
+IDENTITY_KEYS = ("identity", "etag")
+
+SinkMaker = Callable[[str], Sink]
+
+
+def manifest_uri(uri: str) -> str:
+    """The sidecar's URI: the object's URI with ``.manifest.json`` appended."""
+    return uri + SUFFIX
+
+
+def object_name(uri: str) -> str:
+    """Last path segment of a path or URI (names the object inside its manifest)."""
+    path = urlsplit(uri).path if "://" in uri or uri.startswith("file:") else uri
+    return posixpath.basename(path.rstrip("/"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """What a save promises about its object."""
+
+    object: str
+    size: int
+    chunk_size: int
+    generator: str  # "dgen", "numpy" or "caller"
+    seed: int | None
+    chunk_crc32c: tuple[int, ...]
+    object_crc32c: int
+    backend: dict[str, Any] = field(default_factory=dict)
+    created: str = ""
+    writer: str = "asyncckpt"
+    version: int = VERSION
+
+    @property
+    def chunks(self) -> int:
+        return len(self.chunk_crc32c)
+
+    def chunk_span(self, index: int) -> tuple[int, int]:
+        """(offset, length) of manifest chunk ``index``."""
+        offset = index * self.chunk_size
+        return offset, min(self.chunk_size, self.size - offset)
+
+    def identity(self) -> dict[str, Any]:
+        return {k: self.backend[k] for k in IDENTITY_KEYS if k in self.backend}
+
+    def to_json(self) -> bytes:
+        data = asdict(self)
+        data["format"] = FORMAT
+        data["checksum"] = {
+            "algorithm": ALGORITHM,
+            "chunks": [f"{c:08x}" for c in data.pop("chunk_crc32c")],
+            "object": f"{data.pop('object_crc32c'):08x}",
+        }
+        return json.dumps(data, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> Manifest:
+        """Parse and validate; every defect is a ManifestError naming ``where``."""
+        try:
+            data = json.loads(raw)
+            if data.pop("format", None) != FORMAT:
+                raise ValueError(f"not an {FORMAT} document")
+            if data.get("version") != VERSION:
+                raise ValueError(f"format version {data.get('version')!r}, this reader knows {VERSION}")
+            checksum = data.pop("checksum")
+            if checksum["algorithm"] != ALGORITHM:
+                raise ValueError(f"checksum algorithm {checksum['algorithm']!r} is not {ALGORITHM}")
+            manifest = cls(
+                **data,
+                chunk_crc32c=tuple(int(c, 16) for c in checksum["chunks"]),
+                object_crc32c=int(checksum["object"], 16),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ManifestError(f"manifest {where!r} is unreadable: {exc}") from None
+        expected = -(-manifest.size // manifest.chunk_size) if manifest.chunk_size > 0 else -1
+        if manifest.size <= 0 or manifest.chunks != expected:
+            raise ManifestError(
+                f"manifest {where!r} is inconsistent: size {manifest.size}, chunk size "
+                f"{manifest.chunk_size}, {manifest.chunks} chunk checksums"
+            )
+        return manifest
+
+
+def build_manifest(
+    uri: str,
+    *,
+    size: int,
+    chunk_size: int,
+    records: Sequence[ChunkRecord],
+    source: dict[str, Any],
+    backend: dict[str, Any],
+) -> Manifest:
+    """The manifest of a finished save, from the checksums its pipeline recorded."""
+    ordered = sorted(records, key=lambda r: r.offset)
+    missing = [r.index for r in ordered if r.checksum is None]
+    if missing or sum(r.nbytes for r in ordered) != size:
+        raise RuntimeError(f"save records do not cover {size} bytes with checksums (missing {missing[:5]})")
+    crcs = tuple(int(r.checksum or 0) for r in ordered)
+    return Manifest(
+        object=object_name(uri),
+        size=size,
+        chunk_size=chunk_size,
+        generator=str(source.get("generator", "caller")),
+        seed=source.get("seed"),
+        chunk_crc32c=crcs,
+        object_crc32c=combine_all((c, r.nbytes) for c, r in zip(crcs, ordered, strict=True)),
+        backend={k: v for k, v in backend.items() if isinstance(v, (str, int, float, bool, dict, list))},
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+
+
+async def write_manifest(manifest: Manifest, sink: Sink) -> None:
+    """Publish the manifest as a tiny object through ``sink`` (the sidecar's sink).
+
+    The bytes are copied into a page-aligned buffer first: O_DIRECT file sinks need one.
+    """
+    raw = manifest.to_json()
+    buf = mmap.mmap(-1, max(len(raw), 1))
+    view = memoryview(buf)
+    try:
+        view[: len(raw)] = raw
+        await sink.open(len(raw))
+        try:
+            await sink.write_part(0, view[: len(raw)])
+            await sink.complete()
+        except BaseException:
+            await sink.abort()
+            raise
+    finally:
+        view.release()
+        close_mapping(buf)
+
+
+async def read_manifest(sink: Sink, object_uri: str) -> Manifest:
+    """Read and validate the sidecar; a missing one means the save never finished."""
+    where = sink.uri
+    try:
+        size = await sink.size()
+    except TargetNotFoundError:
+        raise ManifestMissingError(
+            f"checkpoint {object_uri!r} is incomplete: its manifest {where!r} does not exist "
+            "(the save did not finish, or the object was not written by asyncckpt)"
+        ) from None
+    if not 0 < size <= MAX_MANIFEST_BYTES:
+        raise ManifestError(f"manifest {where!r} has an implausible size of {size} bytes")
+    raw = bytearray(size)
+    view = memoryview(raw)
+    got = 0
+    while got < size:
+        n = await sink.read_into(got, view[got:])
+        if n <= 0:
+            raise ManifestError(f"manifest {where!r} ended after {got} of {size} bytes")
+        got += n
+    return Manifest.from_json(bytes(raw), where)
