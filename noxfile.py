@@ -31,5 +31,5 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    session.install("-e", ".[all]", "mypy>=1.11", "types-aiobotocore[s3]")
+    session.install("-e", ".[all]", "mypy>=1.11", "types-aiobotocore[s3]", "types-PyYAML")
     session.run("mypy")

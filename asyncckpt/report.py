@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from typing import IO
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any
 
 from .metrics import SaveResult
 
@@ -211,3 +211,75 @@ class Progress:
         if self.done >= self.total:
             self.stream.write("\n")
         self.stream.flush()
+
+
+def _secs(x: float) -> str:
+    return f"{x:.3f} s"
+
+
+def _mean_sd(s: Mapping[str, float], key: str, fmt: Callable[[float], str]) -> str:
+    return f"{fmt(s[f'{key}_mean'])} ± {fmt(s[f'{key}_stdev'])}"
+
+
+def format_distributed(report: Mapping[str, Any]) -> str:
+    """Rank 0's report of an MPI run: per-checkpoint job figures, stragglers, mean ± stdev."""
+    nodes = ", ".join(f"{h} ({n} ranks)" for h, n in report["nodes"].items())
+    head = [
+        RULE,
+        f"MPI run: {report['world_size']} ranks on {len(report['nodes'])} node(s): {nodes}",
+        f"Target:  {report['target']}  layout {report['layout']}; "
+        f"{gib(report['size_bytes_per_rank'])} per rank, data seed {report['seed_base']} + rank",
+    ]
+    if report.get("preset"):
+        p = report["preset"]
+        head.append(
+            f"Preset:  {p['model']} ({p['checkpoint_bytes'] / 1e9:g} GB over {p['preset_ranks']} ranks), "
+            f"scale {p['scale']:g}; this run writes {p['written_fraction']:.1%} of the scaled checkpoint"
+        )
+    if report.get("config_file"):
+        unused = report.get("config_unused_keys") or []
+        head.append(
+            f"Config:  {report['config_file']}" + (f" (not used: {', '.join(unused)})" if unused else "")
+        )
+    head.append(RULE)
+    blocks = ["\n".join(head)]
+    for ph in report["phases"]:
+        rows = [
+            (
+                i + 1,
+                gib(c["total_bytes"]),
+                f"{c['duration_s']:.3f} s",
+                gbps(c["throughput_bps"]),
+                gbps(c["min_rank_throughput_bps"]),
+                gbps(c["aggregate_bandwidth_bps"]),
+                f"{c['slowest_rank']['rank']} ({c['slowest_rank']['wall_s']:.3f} s)",
+                f"{c['fastest_rank']['rank']} ({c['fastest_rank']['wall_s']:.3f} s)",
+                f"{c['straggler_ratio']:.2f}x",
+                " / ".join(f"{k} {v}" for k, v in c["rank_bottlenecks"].items()),
+            )
+            for i, c in enumerate(ph["checkpoints"])
+        ]
+        headers = (
+            "#",
+            "total",
+            "duration",
+            "throughput",
+            "min rank",
+            "aggregate",
+            "slowest",
+            "fastest",
+            "spread",
+            "rank bottlenecks",
+        )
+        s = ph["summary"]
+        counts = " / ".join(f"{k} {v:,}" for k, v in s["bottleneck_counts"].items())
+        mean = (
+            f"mean ± stdev over {s['checkpoints']} checkpoint(s): "
+            f"throughput {_mean_sd(s, 'throughput_bps', gbps)}, "
+            f"duration {_mean_sd(s, 'duration_s', _secs)}, "
+            f"min rank {_mean_sd(s, 'min_rank_throughput_bps', gbps)}"
+        )
+        title = f"{ph['phase'].upper()} {ph['method']}: throughput = total ÷ max duration over ranks (MLPerf)"
+        table = format_table(headers, rows)
+        blocks.append(f"{title}\n{table}\n{mean}\nchunk bottlenecks (all ranks): {counts}")
+    return "\n\n".join(blocks)

@@ -18,6 +18,35 @@ RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
 SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
+#: ranks on this node as measured by the MPI library (set by :mod:`asyncckpt.distributed`);
+#: preferred over environment variables, which not every launcher sets
+_measured_local: tuple[int, str] | None = None
+#: of those, how many share this process's CPU set (the launcher may have bound ranks)
+_cpu_sharers: int | None = None
+
+
+def set_local_ranks(count: int | None, source: str = "mpi4py", sharers: int | None = None) -> None:
+    """Record the node-local rank count measured by MPI (``None`` forgets it).
+
+    ``sharers``: node-local ranks whose CPU affinity overlaps this one's. mpirun binds ranks
+    (to a core, or for more ranks to a socket/NUMA node), and then the affinity mask is
+    already this rank's share: dividing it by *all* ranks on the node would undercount just
+    like the seed bug. Unbound, every rank shares every CPU and ``sharers == count``.
+    """
+    global _measured_local, _cpu_sharers
+    if count is not None and count < 1:
+        raise ValueError(f"local rank count must be >= 1, got {count}")
+    if sharers is not None and not 1 <= sharers <= (count or 1):
+        raise ValueError(f"CPU sharers must be in 1..{count}, got {sharers}")
+    _measured_local = None if count is None else (count, source)
+    _cpu_sharers = None if count is None else sharers
+
+
+def cpu_sharers(mine: frozenset[int], masks: list[frozenset[int]]) -> int:
+    """How many of the node's ranks (``masks``, including this one) overlap CPU set ``mine``."""
+    return max(1, sum(1 for m in masks if m & mine))
+
+
 class ThreadBudget(NamedTuple):
     """How many generator threads to use and how that number was reached."""
 
@@ -50,7 +79,12 @@ def _first_int(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[int, str
 
 
 def local_ranks(env: Mapping[str, str] | None = None) -> tuple[int, str]:
-    """Ranks on this node and the variable that said so; ``(1, "default")`` outside MPI."""
+    """Ranks on this node and where that came from; ``(1, "default")`` outside MPI.
+
+    With no explicit ``env``, a count measured by MPI (:func:`set_local_ranks`) wins.
+    """
+    if env is None and _measured_local is not None:
+        return _measured_local
     found = _first_int(os.environ if env is None else env, LOCAL_SIZE_VARS)
     return found if found and found[0] >= 1 else (1, "default")
 
@@ -61,12 +95,14 @@ def thread_budget(
     env: Mapping[str, str] | None = None,
     cpus: int | None = None,
 ) -> ThreadBudget:
-    """Generator threads = usable CPUs // ranks on this node (at least 1), unless overridden."""
+    """Generator threads = usable CPUs // ranks on this node sharing them (at least 1), unless
+    overridden. From the environment every node-local rank counts as sharing."""
     ncpu = usable_cpus() if cpus is None else cpus
     nlocal, source = local_ranks(env)
     if override is not None:
         return ThreadBudget(override, ncpu, nlocal, source, True)
-    return ThreadBudget(max(1, ncpu // nlocal), ncpu, nlocal, source, False)
+    divisor = _cpu_sharers if env is None and _measured_local is not None and _cpu_sharers else nlocal
+    return ThreadBudget(max(1, ncpu // divisor), ncpu, nlocal, source, False)
 
 
 def world(env: Mapping[str, str] | None = None) -> tuple[int, int]:

@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..config import CheckpointConfig
+from ..distributed import MPIComm, get_comm
 from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
+from ..topology import world
 from ..units import parse_size
 from .load_args import add_load_arguments, load_plan_from_args
 from .runner import BenchPlan, run_plan
+from .scaleout import add_scaleout_arguments, parse_with_presets
 
 DEFAULT_SIZE = "1GiB"
 
@@ -70,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--records", action="store_true", help="include per-chunk records in the JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary table")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    add_scaleout_arguments(p)
     return p
 
 
@@ -123,12 +127,24 @@ def run_with_loop(kind: str, factory: Callable[[], Coroutine[Any, Any, Any]]) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:  # --config / --model supply defaults; under mpirun every rank parses the same argv
+        comm = get_comm()
+        args, info = parse_with_presets(parser, argv, comm.size)
+    except (ConfigError, MissingDependencyError) as exc:
+        if world()[0] == 0:  # under mpirun only rank 0 speaks
+            print(f"asyncckpt.bench: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="[asyncckpt] %(message)s",
         stream=sys.stderr,
     )
+    if isinstance(comm, MPIComm) or comm.size > 1:  # launched by mpirun: one shard per rank
+        from .mpi_runner import run_distributed
+
+        return run_distributed(args, plan_from_args, run_with_loop, comm, info)
+    for note in info.notes:
+        print(f"[asyncckpt] {note}", file=sys.stderr)
     try:
         plan = plan_from_args(args)
         with tempfile.TemporaryDirectory(prefix="asyncckpt-bench-") as tmp:

@@ -1,0 +1,260 @@
+"""The benchmark under ``mpirun``: one shard per rank, synchronised phases, rank-0 report.
+
+Per checkpoint every rank does: barrier, start, save, barrier, stop, then all outcomes (ok +
+result, or the error) are gathered on rank 0, which decides for everyone (broadcast) whether
+the run goes on. A rank that fails therefore still reaches every collective, so no rank is
+left waiting at a barrier, and rank 0 names the failing rank and its error; every rank then
+exits non-zero. Anything unexpected outside that protocol aborts the communicator.
+
+Collectives block, so they run on the communicator's thread (``Comm.a*``), between saves.
+New phases (e.g. loading) plug in as :class:`Phase` entries in :func:`phases_for`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..aggregate import aggregate_checkpoint, summarize
+from ..checkpointer import AsyncCheckpointer
+from ..distributed import Comm
+from ..endpoints import rank_endpoint
+from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
+from ..metrics import SaveResult
+from ..monitor import now
+from ..report import Progress, format_distributed
+from ..sinks import path_from_uri, scheme_of
+from .runner import BenchPlan
+from .scaleout import ScaleoutInfo
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One kind of operation repeated ``count`` times, e.g. ``save``/``streaming`` × 10."""
+
+    name: str
+    method: str
+    count: int
+    run: Callable[[AsyncCheckpointer, str, int, Progress | None], Awaitable[SaveResult]]
+
+
+def plan_mode(plan: BenchPlan) -> str:
+    """``save``, ``load`` or ``both`` (builds without a load path only save)."""
+    return str(getattr(plan, "mode", "save"))
+
+
+def phases_for(plan: BenchPlan) -> list[Phase]:
+    """Saves per method (``repeat`` each), then loads (``reads``) when the plan asks for them."""
+
+    def saver(method: str) -> Callable[[AsyncCheckpointer, str, int, Progress | None], Awaitable[SaveResult]]:
+        async def run(ck: AsyncCheckpointer, uri: str, size: int, progress: Progress | None) -> SaveResult:
+            return await ck.save(uri, size, method=method, progress=progress)
+
+        return run
+
+    async def loader(ck: AsyncCheckpointer, uri: str, size: int, progress: Progress | None) -> SaveResult:
+        options = {k: getattr(plan, k) for k in ("verify", "num_readers", "read_chunk_size", "defeat_cache")}
+        result: SaveResult = await getattr(ck, "load")(uri, progress=progress, **options)  # noqa: B009
+        return result
+
+    mode = plan_mode(plan)
+    phases = [Phase("save", m, plan.repeat, saver(m)) for m in plan.methods] if mode != "load" else []
+    if mode in ("load", "both"):
+        phases.append(Phase("load", "streaming", int(getattr(plan, "reads", 1)), loader))
+    return phases
+
+
+class RankFailure(AsyncCkptError):
+    """One or more ranks failed a phase; the message names them and their errors."""
+
+
+def shard_uri(base: str, layout: str, rank: int, size: int, local_rank: int) -> str:
+    try:
+        name = layout.format(rank=rank, size=size, local_rank=local_rank)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(
+            f"--layout {layout!r}: bad field {exc}; use {{rank}}, {{size}}, {{local_rank}}"
+        ) from None
+    if not name or name.startswith("/") or ".." in name.split("/"):
+        raise ConfigError(f"--layout {layout!r} must give a relative name under the target, got {name!r}")
+    if scheme_of(base):
+        return base.rstrip("/") + "/" + name
+    return os.path.join(base, name)
+
+
+def _setup(plan: BenchPlan, layout: str, mkdirs: bool, size: int) -> dict[str, Any]:
+    """Rank 0 only: create the shared target (or a temporary one) and check the layout."""
+    for r in range(size):  # a bad layout fails here, before any I/O
+        shard_uri(plan.target or "/", layout, r, size, 0)
+    base, created = plan.target, None
+    if base is None and plan_mode(plan) == "load":
+        raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
+    if base is None:
+        base = created = tempfile.mkdtemp(prefix="asyncckpt-bench-")
+    elif not scheme_of(base) or scheme_of(base) == "file":
+        path = path_from_uri(base)
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"under MPI the target is a directory for the shards; {str(path)!r} is a file")
+        if not path.parent.is_dir():
+            raise TargetNotFoundError(
+                2, f"parent directory {str(path.parent)!r} of the target does not exist"
+            )
+        path.mkdir(exist_ok=True)
+        if mkdirs:
+            for r in range(size):
+                Path(path_from_uri(shard_uri(base, layout, r, size, 0))).parent.mkdir(
+                    parents=True, exist_ok=True
+                )
+    return {"base": base, "created": created}
+
+
+async def _rank_main(plan: BenchPlan, comm: Comm, uri: str) -> list[dict[str, Any]]:
+    """This rank's part of every phase; rank 0 returns the aggregated phases."""
+    out: list[dict[str, Any]] = []
+    async with AsyncCheckpointer(plan.config) as ck:
+        try:
+            for phase in phases_for(plan):
+                checkpoints = []
+                for i in range(phase.count):
+                    show = plan.progress and comm.is_root
+                    progress = Progress(plan.size, f"{phase.method} {i + 1}/{phase.count}") if show else None
+                    await comm.abarrier()
+                    t0 = now()
+                    outcome: dict[str, Any]
+                    try:
+                        outcome = {
+                            "ok": True,
+                            "result": (await phase.run(ck, uri, plan.size, progress)).to_dict(),
+                        }
+                    except Exception as exc:
+                        outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                    await comm.abarrier()
+                    wall = now() - t0
+                    gathered = await comm.agather(outcome)
+                    failures = None
+                    if gathered is not None:
+                        failures = [f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if not o["ok"]]
+                    failures = await comm.abcast(failures)
+                    if failures:
+                        raise RankFailure(
+                            f"{phase.name} {i + 1}/{phase.count} failed on " + "; ".join(failures)
+                        )
+                    if gathered is not None:
+                        checkpoints.append(aggregate_checkpoint([o["result"] for o in gathered], wall))
+                if comm.is_root:
+                    out.append(
+                        {
+                            "phase": phase.name,
+                            "method": phase.method,
+                            "checkpoints": checkpoints,
+                            "summary": summarize(checkpoints),
+                        }
+                    )
+        finally:
+            if not plan.keep and plan_mode(plan) != "load":  # a load-only run reads what it finds
+                await ck.delete(uri)
+    return out
+
+
+def run_distributed(
+    args: argparse.Namespace,
+    plan_from_args: Callable[[argparse.Namespace], BenchPlan],
+    run_with_loop: Callable[[str, Callable[[], Coroutine[Any, Any, Any]]], Any],
+    comm: Comm,
+    info: ScaleoutInfo,
+) -> int:
+    """Entry point of ``python -m asyncckpt.bench`` under an MPI launcher; returns the exit code."""
+    root = comm.is_root
+
+    def fail(code: int, message: str) -> int:
+        if root:
+            print(f"asyncckpt.bench: {message}", file=sys.stderr)
+        return code
+
+    # 1. validate everywhere, set up on rank 0 and broadcast (no rank creates or lists alone)
+    me = comm.info
+    setup: dict[str, Any] = {}
+    error: str | None = None
+    endpoint: str | None = None
+    try:
+        plan = plan_from_args(args)
+        if scheme_of(plan.target or "") == "s3":  # S3_LOAD_BALANCE_STRATEGY=rank: own front end
+            endpoint = rank_endpoint(me.rank)
+        if root:
+            setup = _setup(plan, args.layout, args.mkdirs, comm.size)
+    except (ConfigError, MissingDependencyError, TargetNotFoundError) as exc:
+        error = str(exc)
+    errors = comm.allgather(error)  # every rank learns if any rank cannot start
+    shared: dict[str, Any] | None = comm.bcast(setup if root else None)
+    bad = next(((r, e) for r, e in enumerate(errors) if e), None)
+    if bad is not None or not shared:
+        r, e = bad or (0, "no setup from rank 0")
+        if root and shared and shared.get("created"):
+            shutil.rmtree(shared["created"], ignore_errors=True)
+        return fail(2, f"error: {e}" if r == 0 else f"error on rank {r}: {e}")
+    setup = shared
+    if root:
+        for note in info.notes:
+            print(f"[asyncckpt] {note}", file=sys.stderr)
+    uri = shard_uri(setup["base"], args.layout, me.rank, me.size, me.local_rank)
+    # distinct data per rank (seed + rank), as real shards differ: storage cannot dedupe them
+    config = replace(plan.config, seed=plan.config.seed + me.rank)
+    if endpoint is not None:
+        config = replace(config, backend_options={**config.backend_options, "endpoint_url": endpoint})
+    plan = replace(plan, target=uri, config=config)
+    if not root:
+        plan = replace(plan, progress=False, verbose=False)
+    hosts = comm.gather((socket.gethostname(), me.local_size, uri, endpoint))
+    # 2. the phases
+    code = 0
+    phases: list[dict[str, Any]] = []
+    try:
+        phases = run_with_loop(args.loop, lambda: _rank_main(plan, comm, uri))
+    except RankFailure as exc:
+        code = fail(1, f"failed: {exc}")
+    except BaseException as exc:  # outside the protocol: the other ranks may be waiting
+        print(
+            f"asyncckpt.bench: rank {me.rank}: {type(exc).__name__}: {exc}; aborting the job", file=sys.stderr
+        )
+        comm.abort(1)
+    finally:
+        comm.close()
+    comm.barrier()
+    if root and setup["created"] and not plan.keep:
+        shutil.rmtree(setup["created"], ignore_errors=True)
+    if not root or code:
+        return code
+    # 3. report (rank 0 only)
+    assert hosts is not None
+    nodes: dict[str, int] = {}
+    for host, local_size, _, _ in hosts:
+        nodes[host] = local_size
+    report = {
+        "mode": "mpi",
+        "world_size": comm.size,
+        "nodes": nodes,
+        "rank_info_source": me.source,
+        "target": setup["base"],
+        "layout": args.layout,
+        "shards": [u for _, _, u, _ in hosts],
+        "rank_endpoints": [ep for _, _, _, ep in hosts],  # set with S3_LOAD_BALANCE_STRATEGY=rank
+        "size_bytes_per_rank": plan.size,
+        "seed_base": plan.config.seed,  # rank r writes the stream of seed_base + r
+        "preset": info.preset,
+        "config_file": info.config_file,
+        "config_unused_keys": info.config_unused,
+        "phases": phases,
+    }
+    print(format_distributed(report))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
