@@ -14,6 +14,7 @@ import pytest
 import dgen_py
 
 SLOW_CALLBACK_S = 0.1
+pytest_plugins = ["tests.conftest_s3"]
 
 
 @pytest.fixture(autouse=True)
