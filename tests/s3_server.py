@@ -8,6 +8,10 @@ Never talks to AWS: clients point at the local server with fake credentials.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -31,9 +35,14 @@ class MotoS3:
     endpoint: str
 
     @classmethod
-    def start(cls) -> MotoS3:
+    def start(cls, *, auth: bool = False) -> MotoS3:
+        """A moto server; with ``auth`` it enforces IAM credentials (see :meth:`provision_user`)."""
+        env = dict(os.environ)
+        if auth:  # the next 3 requests (provision_user) run unauthenticated, then auth applies
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.s3_server"],
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -86,9 +95,80 @@ class MotoS3:
             config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
         )
 
+    def provision_user(self) -> tuple[str, str]:
+        """On an ``auth`` server: an IAM user allowed s3:*; returns (access key id, secret)."""
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="x",
+            aws_secret_access_key="y",
+            region_name=REGION,
+        )
+        iam.create_user(UserName="ckpt")
+        key = iam.create_access_key(UserName="ckpt")["AccessKey"]
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
+        }
+        iam.put_user_policy(UserName="ckpt", PolicyName="s3", PolicyDocument=json.dumps(policy))
+        return key["AccessKeyId"], key["SecretAccessKey"]
+
     def create_bucket(self, name: str) -> str:
         self.client().create_bucket(Bucket=name)
         return name
+
+
+class TcpProxy:
+    """A TCP relay in front of a server that can be cut at once: a network outage mid-upload.
+
+    Cutting closes the listener and every relayed connection, so clients see resets and
+    refused connections while the server behind (and what it stored) stays inspectable.
+    """
+
+    def __init__(self, target: str) -> None:
+        host, port = target.removeprefix("http://").split(":")
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            with self._lock:
+                self._socks += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                t = threading.Thread(target=self._pump, args=(a, b), daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def cut(self) -> None:
+        """Refuse new connections and reset every open one."""
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        with self._lock:
+            for sock in self._socks:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+        for t in self._threads:
+            t.join(timeout=5)
 
 
 def serve() -> None:
