@@ -8,6 +8,7 @@ never in the main test process that other tests may fork from.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -60,8 +61,15 @@ class Target:
         options = SinkOptions(chunk_size=chunk, extra=dict(self.options))
         return make_sink(self.uri(name), backend=self.backend, executor=self.executor, options=options)
 
-    def published(self, name: str) -> bytes | None:
-        """The object's bytes read independently of the sink, or None when absent."""
+    async def published(self, name: str) -> bytes | None:
+        """The object's bytes read independently of the sink, or None when absent (off the loop)."""
+        return await asyncio.to_thread(self._published, name)
+
+    async def leftovers(self) -> list[str]:
+        """Temporary files or unfinished multipart uploads at the target."""
+        return await asyncio.to_thread(self._leftovers)
+
+    def _published(self, name: str) -> bytes | None:
         if self.backend == "file":
             path = self.tmp / name
             return path.read_bytes() if path.exists() else None
@@ -75,8 +83,7 @@ class Target:
         except client.exceptions.NoSuchKey:
             return None
 
-    def leftovers(self) -> list[str]:
-        """Temporary files or unfinished multipart uploads at the target."""
+    def _leftovers(self) -> list[str]:
         if self.backend == "file":
             return sorted(p.name for p in self.tmp.iterdir() if p.name.endswith(".partial"))
         if self.backend == "memory":
@@ -90,8 +97,8 @@ def new_bucket(server: MotoS3) -> str:
     return server.create_bucket(f"t-{uuid.uuid4().hex[:16]}")
 
 
-def run_child_suite(test_file: str) -> subprocess.CompletedProcess[str]:
-    """Run ``test_file``'s out-of-process backends in a fresh pytest process."""
+def run_child_suite(test_file: str, selection: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``test_file``'s out-of-process backends (or ``-k selection``) in a fresh pytest process."""
     missing = [b for b in S3_IN_CHILD if not installed(b)]
     assert not missing, f"test extras not installed: {missing} (pip install 'asyncckpt[test]')"
     env = {**os.environ, CHILD_ENV: "1"}
@@ -104,7 +111,7 @@ def run_child_suite(test_file: str) -> subprocess.CompletedProcess[str]:
         "-p",
         "no:cacheprovider",
         "-k",
-        " or ".join(S3_IN_CHILD),
+        selection or " or ".join(S3_IN_CHILD),
     ]
     return subprocess.run(
         cmd, env=env, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parent.parent

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
@@ -33,6 +33,7 @@ class MotoS3:
 
     process: subprocess.Popen[str]
     endpoint: str
+    _clients: dict[tuple[str, str], Any] = field(default_factory=dict)
 
     @classmethod
     def start(cls, *, auth: bool = False) -> MotoS3:
@@ -84,13 +85,18 @@ class MotoS3:
             **extra,
         }
 
-    def client(self) -> Any:
-        """An independent boto3 client for verifying what the sinks wrote."""
+    def client(self, key_id: str = ACCESS_KEY, secret: str = SECRET_KEY) -> Any:
+        """An independent boto3 client for verifying what the sinks wrote (cached; thread-safe)."""
+        if (key_id, secret) not in self._clients:
+            self._clients[key_id, secret] = self._new_client(key_id, secret)
+        return self._clients[key_id, secret]
+
+    def _new_client(self, key_id: str, secret: str) -> Any:
         return boto3.client(
             "s3",
             endpoint_url=self.endpoint,
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
+            aws_access_key_id=key_id,
+            aws_secret_access_key=secret,
             region_name=REGION,
             config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
         )

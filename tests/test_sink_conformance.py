@@ -53,11 +53,11 @@ async def test_object_visible_only_after_complete_with_exact_bytes(target: Targe
     view = memoryview(data)
     for offset in range(0, SIZE, CHUNK):
         await sink.write_part(offset, view[offset : offset + CHUNK])
-        assert target.published("obj") is None, "object visible before complete"
+        assert await target.published("obj") is None, "object visible before complete"
     await sink.complete()
     await sink.aclose()
-    assert target.published("obj") == bytes(data)
-    assert target.leftovers() == []
+    assert await target.published("obj") == bytes(data)
+    assert await target.leftovers() == []
 
 
 async def test_concurrent_writes_out_of_order(target: Target) -> None:
@@ -67,10 +67,10 @@ async def test_concurrent_writes_out_of_order(target: Target) -> None:
     view = memoryview(data)
     offsets = list(range(0, SIZE, CHUNK))[::-1]
     await asyncio.gather(*(sink.write_part(o, view[o : o + CHUNK]) for o in offsets))
-    assert target.published("ooo") is None
+    assert await target.published("ooo") is None
     await sink.complete()
     await sink.aclose()
-    assert target.published("ooo") == bytes(data)
+    assert await target.published("ooo") == bytes(data)
 
 
 async def test_abort_leaves_nothing(target: Target) -> None:
@@ -82,8 +82,8 @@ async def test_abort_leaves_nothing(target: Target) -> None:
     await sink.abort()
     await sink.abort()  # idempotent
     await sink.aclose()
-    assert target.published("aborted") is None
-    assert target.leftovers() == []
+    assert await target.published("aborted") is None
+    assert await target.leftovers() == []
 
 
 async def test_small_object_below_one_part(target: Target) -> None:
@@ -91,10 +91,10 @@ async def test_small_object_below_one_part(target: Target) -> None:
     sink = target.sink("small")
     await sink.open(1000)
     await sink.write_part(0, memoryview(data))
-    assert target.published("small") is None
+    assert await target.published("small") is None
     await sink.complete()
     await sink.aclose()
-    assert target.published("small") == bytes(data)
+    assert await target.published("small") == bytes(data)
 
 
 async def test_read_into_size_and_delete(target: Target) -> None:
@@ -118,7 +118,7 @@ async def test_read_into_size_and_delete(target: Target) -> None:
     assert await sink.read_into(SIZE, memoryview(buf)) == 0
     await sink.delete()
     await sink.delete()  # absent: no error
-    assert target.published("rd") is None
+    assert await target.published("rd") is None
     with pytest.raises(TargetNotFoundError):
         await sink.size()
     await sink.aclose()
