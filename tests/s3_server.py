@@ -44,6 +44,7 @@ class MotoS3:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.s3_server"],
             env=env,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
