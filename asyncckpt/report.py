@@ -134,7 +134,7 @@ def format_backend_comparison(results: Sequence[SaveResult]) -> str:
                 extra.get("parts", "?"),
                 ms(float(extra.get("part_latency_p50_s", 0.0))),
                 ms(float(extra.get("part_latency_p99_s", 0.0))),
-                extra.get("retries", "?"),
+                "n/a" if extra.get("retries") is None else extra["retries"],
                 r.bottleneck,
             )
         )

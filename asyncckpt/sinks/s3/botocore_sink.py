@@ -61,6 +61,7 @@ class AiobotocoreSink(S3SinkBase):
         self._upload_id: str | None = None
         self._etags: dict[int, str] = {}
         self._small: bytes | None = None
+        self.retries = 0  # botocore reports RetryAttempts per response
 
     async def _s3(self) -> Any:
         if self._client is None:
@@ -115,7 +116,7 @@ class AiobotocoreSink(S3SinkBase):
             response = await getattr(client, method)(Bucket=self.bucket, Key=self.key, **kwargs)
         except (ClientError, BotoCoreError, OSError) as exc:
             raise self._map(exc, action) from None
-        self.retries += int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
+        self.retries = (self.retries or 0) + int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
         return response
 
     # -- writing -----------------------------------------------------------------------
@@ -191,7 +192,7 @@ class AiobotocoreSink(S3SinkBase):
     async def read_into(self, offset: int, buf: memoryview) -> int:
         if not len(buf):
             return 0
-        if offset >= await self.size():  # S3 answers InvalidRange (416) past the end
+        if offset >= await self.known_size():  # S3 answers InvalidRange (416) past the end
             return 0
         response = await self._call("read", "get_object", Range=f"bytes={offset}-{offset + len(buf) - 1}")
         n = 0
@@ -201,11 +202,12 @@ class AiobotocoreSink(S3SinkBase):
                 n += len(piece)
         return n
 
-    async def size(self) -> int:
+    async def _head_size(self) -> int:
         response = await self._call("stat", "head_object")
         return int(response["ContentLength"])
 
     async def delete(self) -> None:
+        self._object_size = None
         await self._call("delete", "delete_object")
 
     async def aclose(self) -> None:

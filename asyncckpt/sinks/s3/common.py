@@ -11,6 +11,7 @@ import asyncio
 import errno
 import logging
 import time
+from abc import abstractmethod
 from typing import Any
 
 from ...errors import StorageError, StoragePermissionError, TargetNotFoundError
@@ -58,7 +59,8 @@ class S3SinkBase(Sink):
         self._size = 0
         self._nparts = 0
         self.part_latency: list[float] = []
-        self.retries = 0
+        self.retries: int | None = None  # None: the library does not report its retries
+        self._object_size: int | None = None  # of the published object, learnt by size()
         self.etag: str | None = None
         self.cleanup_needed: str | None = None  # an upload id an abort could not remove
 
@@ -66,11 +68,26 @@ class S3SinkBase(Sink):
         if self.part_size:
             plan_parts(max(self.part_size, 1), self.part_size, self.options.chunk_size)
 
+    @abstractmethod
+    async def _head_size(self) -> int:
+        """HEAD the published object (each backend's own call)."""
+
+    async def size(self) -> int:
+        self._object_size = await self._head_size()
+        return self._object_size
+
+    async def known_size(self) -> int:
+        """The object size, HEADed once per sink: loads read many ranges of one object."""
+        if self._object_size is None:
+            return await self.size()
+        return self._object_size
+
     def layout(self, size: int) -> int:
         """Validate the part layout for ``size`` (before any request); return the part count."""
         if not self.part_size:
             raise StorageError(errno.EINVAL, "S3 sink needs chunk_size or part_size to lay out parts")
         self._size = size
+        self._object_size = None
         self._nparts = plan_parts(size, self.part_size, self.options.chunk_size)
         return self._nparts
 

@@ -175,16 +175,17 @@ class MinioSink(S3SinkBase):
             response.release_conn()
 
     async def read_into(self, offset: int, buf: memoryview) -> int:
-        if not len(buf) or offset >= await self.size():
+        if not len(buf) or offset >= await self.known_size():
             return 0
         result: int = await self._run("read", self._read_sync, offset, buf)
         return result
 
-    async def size(self) -> int:
+    async def _head_size(self) -> int:
         stat = await self._run("stat", self._client.stat_object, self.bucket, self.key)
         return int(stat.size)
 
     async def delete(self) -> None:
+        self._object_size = None
         await self._run("delete", self._client.remove_object, self.bucket, self.key)
 
     async def aclose(self) -> None:

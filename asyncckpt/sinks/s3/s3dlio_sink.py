@@ -161,7 +161,7 @@ class S3dlioSink(S3SinkBase):
             )
 
     async def read_into(self, offset: int, buf: memoryview) -> int:
-        if not len(buf) or offset >= await self.size():
+        if not len(buf) or offset >= await self.known_size():
             return 0
         _configure(self)
         data = await self._run("read", s3dlio.get_range, self.uri, offset, len(buf))
@@ -169,12 +169,13 @@ class S3dlioSink(S3SinkBase):
         buf[: len(view)] = view
         return len(view)
 
-    async def size(self) -> int:
+    async def _head_size(self) -> int:
         _configure(self)
         info = await self._run("stat", s3dlio.stat, self.uri)
         return int(info["size"])
 
     async def delete(self) -> None:
+        self._object_size = None
         _configure(self)
         await self._run("delete", s3dlio.delete, self.uri)
 

@@ -12,7 +12,6 @@ library exposes no single PUT.
 from __future__ import annotations
 
 import errno
-import gc
 import time
 from typing import Any
 
@@ -108,8 +107,7 @@ class S3TorchSink(S3SinkBase):
     async def abort(self) -> None:
         stream, self._stream = self._stream, None
         if stream is not None:
-            del stream  # an unclosed Mountpoint upload is aborted when dropped
-            gc.collect()
+            del stream  # the last reference: Mountpoint aborts an unclosed upload when dropped
 
     def _read_sync(self, offset: int, buf: memoryview) -> int:
         n = 0
@@ -120,17 +118,18 @@ class S3TorchSink(S3SinkBase):
         return n
 
     async def read_into(self, offset: int, buf: memoryview) -> int:
-        if not len(buf) or offset >= await self.size():
+        if not len(buf) or offset >= await self.known_size():
             return 0
         result: int = await self._run("read", self._read_sync, offset, buf)
         return result
 
-    async def size(self) -> int:
+    async def _head_size(self) -> int:
         info = await self._run("stat", lambda: self._s3().head_object(self.bucket, self.key))
         self.etag = info.etag
         return int(info.size)
 
     async def delete(self) -> None:
+        self._object_size = None
         await self._run("delete", lambda: self._s3().delete_object(self.bucket, self.key))
 
     async def aclose(self) -> None:
