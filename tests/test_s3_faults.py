@@ -67,6 +67,23 @@ async def test_save_round_trip_exact_bytes(backend: str, s3_env: MotoS3) -> None
     assert SECRET_KEY not in repr(result.to_dict())
 
 
+@pytest.mark.parametrize("checksums", ["when_required", "when_supported"])
+@pytest.mark.parametrize("signing", [False, True])
+async def test_aiobotocore_signing_and_checksum_options(
+    s3_env: MotoS3, signing: bool, checksums: str
+) -> None:
+    if in_child():
+        pytest.skip("aiobotocore runs in the parent process")
+    bucket = await asyncio.to_thread(new_bucket, s3_env)
+    options = s3_env.options(payload_signing=signing, checksums=checksums)
+    async with checkpointer("aiobotocore", options, seed=5) as ckpt:
+        result = await ckpt.save(f"s3://{bucket}/o.bin", 2 * CHUNK + 1)
+    response = await asyncio.to_thread(s3_env.client().get_object, Bucket=bucket, Key="o.bin")
+    assert await asyncio.to_thread(response["Body"].read) == expected_bytes(2 * CHUNK + 1, CHUNK, 5)
+    assert result.metadata.extra["payload_signing"] is signing
+    assert result.metadata.extra["checksums"] == checksums
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_missing_bucket_is_target_not_found(backend: str, s3_env: MotoS3) -> None:
     async with checkpointer(backend, s3_env.options()) as ckpt:

@@ -23,7 +23,7 @@ from .common import S3SinkBase, log, storage_error
 try:
     from aiobotocore.config import AioConfig
     from aiobotocore.session import AioSession, get_session
-    from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
+    from botocore.exceptions import ClientError, EndpointConnectionError
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise MissingDependencyError("aiobotocore", "aiobotocore", "backend 'aiobotocore' (s3://)") from exc
 
@@ -114,7 +114,9 @@ class AiobotocoreSink(S3SinkBase):
         client = await self._s3()
         try:
             response = await getattr(client, method)(Bucket=self.bucket, Key=self.key, **kwargs)
-        except (ClientError, BotoCoreError, OSError) as exc:
+        except Exception as exc:  # the boundary with botocore: everything leaves as StorageError
+            if isinstance(exc, StorageError):
+                raise
             raise self._map(exc, action) from None
         self.retries = (self.retries or 0) + int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
         return response
@@ -130,8 +132,15 @@ class AiobotocoreSink(S3SinkBase):
 
     async def _upload(self, number: int, body: memoryview) -> None:
         started = time.perf_counter()
+        # botocore's CRC32 (checksums="when_supported") treats any non-bytes body as a file;
+        # that option hashes every byte on the loop thread anyway, so one copy costs little
+        payload: memoryview | bytes = bytes(body) if self.settings.checksums == "when_supported" else body
         response = await self._call(
-            f"upload part {number} of", "upload_part", UploadId=self._upload_id, PartNumber=number, Body=body
+            f"upload part {number} of",
+            "upload_part",
+            UploadId=self._upload_id,
+            PartNumber=number,
+            Body=payload,
         )
         self.record_part(started)
         self._etags[number] = response["ETag"]
