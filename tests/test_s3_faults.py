@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -82,6 +83,21 @@ async def test_aiobotocore_signing_and_checksum_options(
     assert await asyncio.to_thread(response["Body"].read) == expected_bytes(2 * CHUNK + 1, CHUNK, 5)
     assert result.metadata.extra["payload_signing"] is signing
     assert result.metadata.extra["checksums"] == checksums
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_settings_from_dotenv_reach_the_server(
+    backend: str, s3_env: MotoS3, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    bucket = await asyncio.to_thread(new_bucket, s3_env)
+    env = s3_env.env()
+    for name in env:
+        monkeypatch.delenv(name)
+    (tmp_path / ".env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))  # cwd is tmp_path
+    async with checkpointer(backend, {}) as ckpt:
+        result = await ckpt.save(f"s3://{bucket}/env.bin", 1000)
+    assert result.metadata.extra["settings_from"]["secret_access_key"] == ".env AWS_SECRET_ACCESS_KEY"
+    assert await exists(s3_env, bucket, "env.bin")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
