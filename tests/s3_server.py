@@ -132,7 +132,9 @@ class TcpProxy:
     refused connections while the server behind (and what it stored) stays inspectable.
     """
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, *, drop_first: int = 0) -> None:
+        """``drop_first``: close that many accepted connections at once (transient faults)."""
+        self.drop_first = drop_first
         host, port = target.removeprefix("http://").split(":")
         self.target = (host, int(port))
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -148,6 +150,10 @@ class TcpProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
+            if self.drop_first > 0:
+                self.drop_first -= 1
+                client.close()
+                continue
             upstream = socket.create_connection(self.target)
             with self._lock:
                 self._socks += [client, upstream]

@@ -100,6 +100,20 @@ async def test_settings_from_dotenv_reach_the_server(
     assert await exists(s3_env, bucket, "env.bin")
 
 
+async def test_aiobotocore_retries_transient_faults_and_counts_them(s3_env: MotoS3) -> None:
+    if in_child():
+        pytest.skip("aiobotocore runs in the parent process")
+    bucket = await asyncio.to_thread(new_bucket, s3_env)
+    proxy = TcpProxy(s3_env.endpoint, drop_first=1)  # the first connection dies unanswered
+    try:
+        async with checkpointer("aiobotocore", s3_env.options(endpoint_url=proxy.endpoint)) as ckpt:
+            result = await ckpt.save(f"s3://{bucket}/r.bin", CHUNK + 1)
+    finally:
+        await asyncio.to_thread(proxy.cut)
+    assert result.metadata.extra["retries"] >= 1
+    assert await exists(s3_env, bucket, "r.bin")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_missing_bucket_is_target_not_found(backend: str, s3_env: MotoS3) -> None:
     async with checkpointer(backend, s3_env.options()) as ckpt:
