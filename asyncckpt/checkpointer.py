@@ -102,6 +102,7 @@ class AsyncCheckpointer(LoadsMixin):
             direct_io=self.config.direct_io,
             fsync=self.config.fsync,
             reserve_space=self.config.reserve_space,
+            chunk_size=self.config.chunk_size,
             extra=dict(self.config.backend_options),
         )
         return make_sink(

@@ -155,6 +155,31 @@ def format_comparison(results: Sequence[SaveResult]) -> str:
     return format_table(headers, rows)
 
 
+def format_backend_comparison(results: Sequence[SaveResult]) -> str:
+    """One row per backend (``--compare-backends``): same size, same chunking, same window."""
+    rows = []
+    for r in results:
+        extra = r.metadata.extra
+        rows.append(
+            (
+                r.metadata.backend,
+                r.operation,
+                r.method,
+                gib(r.size_bytes),
+                f"{r.wall_s:.3f} s",
+                gbps(r.throughput_bps),
+                gbps(r.to_dict()["io_bps"]),
+                extra.get("parts", "?"),
+                ms(float(extra.get("part_latency_p50_s", 0.0))),
+                ms(float(extra.get("part_latency_p99_s", 0.0))),
+                "n/a" if extra.get("retries") is None else extra["retries"],
+                r.bottleneck,
+            )
+        )
+    headers = ("backend", "op", "method", "size", "wall", "throughput", "io", "parts", "part p50", "part p99")
+    return format_table((*headers, "retries", "bottleneck"), rows)
+
+
 def format_summary(summary: Mapping[str, Mapping[str, float]]) -> str:
     """Mean and stdev per method across repeated checkpoints."""
     rows = [

@@ -13,6 +13,7 @@ import dgen_py
 import pytest
 
 SLOW_CALLBACK_S = 0.1
+pytest_plugins = ["tests.conftest_s3"]
 
 
 @pytest.fixture(autouse=True)

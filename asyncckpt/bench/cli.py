@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -18,7 +20,7 @@ from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, Target
 from ..topology import world
 from ..units import parse_size
 from .load_args import add_load_arguments, load_plan_from_args
-from .runner import BenchPlan, run_plan
+from .runner import BenchPlan, BenchReport, run_plan
 from .scaleout import add_scaleout_arguments, parse_with_presets
 
 DEFAULT_SIZE = "1GiB"
@@ -58,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fsync", action="store_true", help="skip fsync at close")
     p.add_argument("--max-in-flight", type=int, default=None, help="writes in flight")
     p.add_argument("--backend", default=None, help="storage backend (default: from the URI)")
+    p.add_argument("--part-size", type=_size("--part-size"), default=None, help="S3 part size (chunk size)")
+    p.add_argument("--endpoint", default=None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL)")
+    p.add_argument(
+        "--compare-backends",
+        action="store_true",
+        help="run every installed S3 backend on s3:// TARGET; one table",
+    )
     p.add_argument(
         "--num-checkpoints-write",
         "--repeat",
@@ -92,6 +101,9 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         "max_in_flight": args.max_in_flight,
         "backend": args.backend,
     }
+    s3_options = {"part_size": args.part_size, "endpoint_url": args.endpoint}
+    if any(v is not None for v in s3_options.values()):
+        options["backend_options"] = {k: v for k, v in s3_options.items() if v is not None}
     if args.generator is not None:
         options["generator"] = args.generator
     if args.seed is not None:
@@ -125,6 +137,21 @@ def run_with_loop(kind: str, factory: Callable[[], Coroutine[Any, Any, Any]]) ->
     return asyncio.run(factory())
 
 
+def compare_backends(plan: BenchPlan, loop: str) -> BenchReport:
+    """Every installed S3 backend on the same target, size and settings; one table."""
+    from ..report import format_backend_comparison
+    from ..sinks.s3 import installed_backends
+
+    if plan.target is None or not plan.target.startswith("s3://"):
+        raise ConfigError(f"--compare-backends needs an s3://bucket/key target, got {plan.target!r}")
+    results = []
+    for name in installed_backends():
+        one = replace(plan, config=replace(plan.config, backend=name), verbose=False)
+        report: BenchReport = run_with_loop(loop, functools.partial(run_plan, one))
+        results += report.results
+    return BenchReport(plan, results, format_backend_comparison(results))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:  # --config / --model supply defaults; under mpirun every rank parses the same argv
@@ -152,7 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if plan.mode == "load":
                     raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
                 plan = plan.with_target(str(Path(tmp) / "checkpoint.bin"))
-            report = run_with_loop(args.loop, lambda: run_plan(plan))
+            if args.compare_backends:
+                report = compare_backends(plan, args.loop)
+            else:
+                report = run_with_loop(args.loop, lambda: run_plan(plan))
     except (ConfigError, MissingDependencyError, TargetNotFoundError) as exc:
         print(f"asyncckpt.bench: error: {exc}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ from ..errors import UnsupportedSchemeError
 from .base import Sink, SinkOptions
 from .file import FileSink, path_from_uri
 from .memory import MEMORY_STORE, MemorySink, NullSink
+from .s3 import S3_BACKENDS, factory, make_auto
 
 SinkFactory = Callable[..., Sink]
 
@@ -18,9 +19,11 @@ BACKENDS: dict[str, SinkFactory] = {
     "file": FileSink,
     "null": NullSink,
     "memory": MemorySink,
+    "s3": make_auto,  # s3dlio when installed, else aiobotocore
+    **{name: factory(name) for name in S3_BACKENDS},
 }
 #: URI scheme → default backend name
-SCHEMES: dict[str, str] = {"": "file", "file": "file", "null": "null", "memory": "memory"}
+SCHEMES: dict[str, str] = {"": "file", "file": "file", "null": "null", "memory": "memory", "s3": "s3"}
 
 
 def register_backend(name: str, factory: SinkFactory, *, scheme: str | None = None) -> None:

@@ -20,6 +20,7 @@ class SinkOptions:
     direct_io: bool | None = None  # None: use it when the file system accepts it
     fsync: bool = True
     reserve_space: bool = True  # fallocate the whole file up front (early ENOSPC)
+    chunk_size: int | None = None  # bytes per write_part (the last may be shorter); object stores map parts
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,0 +1,225 @@
+"""aiobotocore: native asyncio multipart upload, one ``upload_part`` per pipeline write.
+
+aiobotocore has no managed transfer, so this is the whole protocol: create → upload_part
+(the pipeline's ``max_in_flight`` writers form the sliding window; ``write_part`` returns only
+once its part is stored, so the pool may reuse the buffer) → complete; abort on any error or
+cancellation. botocore's first client loads large JSON models; that happens once per
+process in a worker thread, so the event loop never stalls on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import threading
+import time
+from typing import Any
+
+from ..._blocking import run_blocking
+from ...errors import MissingDependencyError, StorageError
+from .common import S3SinkBase, log, storage_error
+
+try:
+    from aiobotocore.config import AioConfig
+    from aiobotocore.session import AioSession, get_session
+    from botocore.exceptions import ClientError, EndpointConnectionError
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise MissingDependencyError("aiobotocore", "aiobotocore", "backend 'aiobotocore' (s3://)") from exc
+
+_session: AioSession | None = None
+_session_lock = threading.Lock()
+
+
+def _warm_session() -> AioSession:
+    """A process-wide session whose loader has read the S3 model (blocking file I/O)."""
+    global _session
+    with _session_lock:
+        if _session is None:
+            session = get_session()
+            loader = session.get_component("data_loader")
+            for name in ("endpoints", "partitions", "_retry", "sdk-default-configuration"):
+                with contextlib.suppress(Exception):
+                    loader.load_data(name)
+            for kind in ("service-2", "endpoint-rule-set-1", "paginators-1", "waiters-2"):
+                with contextlib.suppress(Exception):
+                    loader.load_service_model("s3", kind)
+            _session = session
+        return _session
+
+
+class AiobotocoreSink(S3SinkBase):
+    """``s3://bucket/key`` through aiobotocore."""
+
+    backend = "aiobotocore"
+    default_in_flight = 4
+
+    def __init__(self, uri: str, **kwargs: Any) -> None:
+        super().__init__(uri, **kwargs)
+        self._stack = contextlib.AsyncExitStack()
+        self._client: Any = None
+        self._upload_id: str | None = None
+        self._etags: dict[int, str] = {}
+        self._small: bytes | None = None
+        self.retries = 0  # botocore reports RetryAttempts per response
+
+    async def _s3(self) -> Any:
+        if self._client is None:
+            session = await run_blocking(self.executor, _warm_session)
+            s = self.settings
+            config = AioConfig(
+                s3={
+                    "addressing_style": "path" if s.path_style else "virtual",
+                    "payload_signing_enabled": s.payload_signing,
+                },
+                request_checksum_calculation=s.checksums,
+                response_checksum_validation="when_required",
+                retries={"max_attempts": s.max_attempts, "mode": "standard"},
+                connect_timeout=s.connect_timeout,
+                max_pool_connections=max(16, s.max_in_flight * 2),
+                # botocore's validator only admits bytes/bytearray/file bodies; the request path
+                # itself takes the pool's memoryview as is, which saves a copy per part
+                parameter_validation=False,
+            )
+            self._client = await self._stack.enter_async_context(
+                session.create_client(
+                    "s3",
+                    region_name=s.region,
+                    endpoint_url=s.endpoint_url,
+                    aws_access_key_id=s.access_key_id,
+                    aws_secret_access_key=s.secret_access_key,
+                    aws_session_token=s.session_token,
+                    verify=s.ca_bundle,
+                    config=config,
+                )
+            )
+        return self._client
+
+    def _map(self, exc: Exception, action: str) -> StorageError:
+        if isinstance(exc, ClientError):
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", "")) or str(
+                exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
+            )
+            return storage_error(
+                code, f"{code}: {err.get('Message', '') or 'no message'}", self.what(action), self.settings
+            )
+        if isinstance(exc, EndpointConnectionError):
+            return storage_error(
+                "", f"cannot connect to the endpoint ({exc})", self.what(action), self.settings
+            )
+        return storage_error("", f"{type(exc).__name__}: {exc}", self.what(action), self.settings)
+
+    async def _call(self, action: str, method: str, **kwargs: Any) -> Any:
+        client = await self._s3()
+        try:
+            response = await getattr(client, method)(Bucket=self.bucket, Key=self.key, **kwargs)
+        except Exception as exc:  # the boundary with botocore: everything leaves as StorageError
+            if isinstance(exc, StorageError):
+                raise
+            raise self._map(exc, action) from None
+        self.retries = (self.retries or 0) + int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
+        return response
+
+    # -- writing -----------------------------------------------------------------------
+    async def open(self, size: int) -> None:
+        self.layout(size)
+        self._etags.clear()
+        self._small = None
+        if not self.single_put:
+            response = await self._call("create multipart upload for", "create_multipart_upload")
+            self._upload_id = response["UploadId"]
+
+    async def _upload(self, number: int, body: memoryview) -> None:
+        started = time.perf_counter()
+        # botocore's CRC32 (checksums="when_supported") treats any non-bytes body as a file;
+        # that option hashes every byte on the loop thread anyway, so one copy costs little
+        payload: memoryview | bytes = bytes(body) if self.settings.checksums == "when_supported" else body
+        response = await self._call(
+            f"upload part {number} of",
+            "upload_part",
+            UploadId=self._upload_id,
+            PartNumber=number,
+            Body=payload,
+        )
+        self.record_part(started)
+        self._etags[number] = response["ETag"]
+
+    async def write_part(self, offset: int, data: memoryview) -> float | None:
+        if self.single_put:
+            self._small = bytes(data)  # < one part: copied, PUT at complete (invisible until then)
+            return None
+        parts = self.parts_of(offset, data)
+        started = time.perf_counter()
+        if len(parts) == 1:
+            await self._upload(*parts[0])
+        else:
+            async with asyncio.TaskGroup() as tg:
+                for number, body in parts:
+                    tg.create_task(self._upload(number, body))
+        return time.perf_counter() - started
+
+    async def complete(self) -> dict[str, float]:
+        started = time.perf_counter()
+        if self.single_put:
+            if self._small is None or len(self._small) != self._size:
+                raise StorageError(errno.EIO, self.what("complete") + ": object data was not written")
+            response = await self._call("put", "put_object", Body=self._small)
+            self._small = None
+            self.etag = response.get("ETag")
+            return {"put_s": time.perf_counter() - started}
+        if len(self._etags) != self._nparts:
+            raise StorageError(
+                errno.EIO,
+                self.what("complete") + f": {len(self._etags)} of {self._nparts} parts were uploaded",
+            )
+        parts = [{"PartNumber": n, "ETag": self._etags[n]} for n in sorted(self._etags)]
+        response = await self._call(
+            "complete multipart upload of",
+            "complete_multipart_upload",
+            UploadId=self._upload_id,
+            MultipartUpload={"Parts": parts},
+        )
+        self._upload_id = None
+        self.etag = response.get("ETag")
+        return {"complete_s": time.perf_counter() - started}
+
+    async def abort(self) -> None:
+        self._small = None
+        upload_id, self._upload_id = self._upload_id, None
+        if upload_id is None:
+            return
+        try:
+            await self._call("abort multipart upload of", "abort_multipart_upload", UploadId=upload_id)
+        except StorageError as exc:
+            self.cleanup_needed = upload_id
+            log.warning(
+                "could not abort upload %s; list_multipart_uploads shows it for cleanup: %s", upload_id, exc
+            )
+
+    # -- reading -----------------------------------------------------------------------
+    async def read_into(self, offset: int, buf: memoryview) -> int:
+        if not len(buf):
+            return 0
+        if offset >= await self.known_size():  # S3 answers InvalidRange (416) past the end
+            return 0
+        response = await self._call("read", "get_object", Range=f"bytes={offset}-{offset + len(buf) - 1}")
+        n = 0
+        async with response["Body"] as body:
+            async for piece in body.iter_chunks(1 << 20):
+                buf[n : n + len(piece)] = piece
+                n += len(piece)
+        return n
+
+    async def _head_size(self) -> int:
+        response = await self._call("stat", "head_object")
+        return int(response["ContentLength"])
+
+    async def delete(self) -> None:
+        self._object_size = None
+        await self._call("delete", "delete_object")
+
+    async def aclose(self) -> None:
+        await self.abort()
+        await self._stack.aclose()
+        self._client = None

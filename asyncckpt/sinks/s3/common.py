@@ -1,0 +1,185 @@
+"""What every S3 sink shares: target parsing, part layout, statistics, error mapping, ordering.
+
+Foreign exceptions (botocore, minio, s3dlio, Mountpoint) are mapped here to the asyncckpt
+hierarchy by their S3 error code or, for libraries that only give text, by the code in the
+message; every message passes through :meth:`S3Settings.scrub` so no secret can leak.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import time
+from abc import abstractmethod
+from typing import Any
+
+from ...errors import StorageError, StoragePermissionError, TargetNotFoundError
+from ...metrics import percentiles
+from ..base import Sink
+from .config import S3Settings, parse_s3_uri, plan_parts
+
+log = logging.getLogger("asyncckpt")
+
+NOT_FOUND_CODES = ("NoSuchBucket", "NoSuchKey", "NotFound", "NoSuchUpload", "404")
+DENIED_CODES = (
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "InvalidClientTokenId",
+    "AllAccessDisabled",
+    "403",
+    "Forbidden",
+)
+
+
+def storage_error(code: str, message: str, what: str, settings: S3Settings) -> StorageError:
+    """The asyncckpt error for an S3 error ``code`` (or free text containing one)."""
+    text = settings.scrub(f"{what}: {message}")
+    if any(c in code for c in NOT_FOUND_CODES):
+        return TargetNotFoundError(errno.ENOENT, text)
+    if any(c in code for c in DENIED_CODES):
+        hint = " (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN and the bucket policy)"
+        return StoragePermissionError(errno.EACCES, text + hint)
+    return StorageError(errno.EIO, text)
+
+
+class S3SinkBase(Sink):
+    """One object ``s3://bucket/key``; parts are ``part_size`` slices of ``chunk_size`` buffers."""
+
+    default_in_flight = 4
+
+    def __init__(self, uri: str, **kwargs: Any) -> None:
+        super().__init__(uri, **kwargs)
+        self.bucket, self.key = parse_s3_uri(uri)
+        self.settings = S3Settings.resolve(self.options.extra)
+        self.part_size = self.settings.part_size or self.options.chunk_size or 0
+        self._size = 0
+        self._nparts = 0
+        self.part_latency: list[float] = []
+        self.retries: int | None = None  # None: the library does not report its retries
+        self._object_size: int | None = None  # of the published object, learnt by size()
+        self.etag: str | None = None
+        self.cleanup_needed: str | None = None  # an upload id an abort could not remove
+
+    def check(self) -> None:
+        if self.part_size:
+            plan_parts(max(self.part_size, 1), self.part_size, self.options.chunk_size)
+
+    @abstractmethod
+    async def _head_size(self) -> int:
+        """HEAD the published object (each backend's own call)."""
+
+    async def size(self) -> int:
+        self._object_size = await self._head_size()
+        return self._object_size
+
+    async def known_size(self) -> int:
+        """The object size, HEADed once per sink: loads read many ranges of one object."""
+        if self._object_size is None:
+            return await self.size()
+        return self._object_size
+
+    def layout(self, size: int) -> int:
+        """Validate the part layout for ``size`` (before any request); return the part count."""
+        if not self.part_size:
+            raise StorageError(errno.EINVAL, "S3 sink needs chunk_size or part_size to lay out parts")
+        self._size = size
+        self._object_size = None
+        self._nparts = plan_parts(size, self.part_size, self.options.chunk_size)
+        return self._nparts
+
+    @property
+    def single_put(self) -> bool:
+        """Objects smaller than one part go up in one PUT at complete (S3 has no 0-part MPU)."""
+        return self._size < self.part_size
+
+    def parts_of(self, offset: int, data: memoryview) -> list[tuple[int, memoryview]]:
+        """(part number, bytes) pairs covering ``data`` written at ``offset``."""
+        if offset % self.part_size:
+            raise StorageError(
+                errno.EINVAL, f"write at offset {offset} is not on a part boundary ({self.part_size} B)"
+            )
+        first = offset // self.part_size + 1
+        return [
+            (first + i, data[i * self.part_size : (i + 1) * self.part_size])
+            for i in range(-(-len(data) // self.part_size))
+        ]
+
+    def what(self, action: str) -> str:
+        endpoint = self.settings.endpoint_url or "AWS"
+        return f"{action} s3://{self.bucket}/{self.key} ({self.backend}, endpoint {endpoint})"
+
+    def record_part(self, started: float) -> float:
+        elapsed = time.perf_counter() - started
+        self.part_latency.append(elapsed)
+        return elapsed
+
+    def describe(self) -> dict[str, Any]:
+        lat = percentiles(self.part_latency)
+        out: dict[str, Any] = {
+            "direct_io": False,
+            "direct_io_reason": f"not applicable to {self.backend} (object store)",
+            "part_size": self.part_size,
+            "parts": self._nparts if not self.single_put else 0,
+            "single_put": self.single_put,
+            "retries": self.retries,
+            "etag": self.etag,
+            "part_latency_p50_s": lat.p50,
+            "part_latency_p99_s": lat.p99,
+            **self.settings.describe(),
+        }
+        if self.cleanup_needed:
+            out["upload_left_for_cleanup"] = self.cleanup_needed
+        return out
+
+
+class InOrder:
+    """Admits writers strictly by offset, for libraries that only append (s3dlio, Mountpoint).
+
+    The pipeline issues ``write_part`` calls concurrently and possibly out of order; each
+    waits here for its turn, so the stream stays sequential without holding pool buffers
+    longer than the library needs them.
+    """
+
+    def __init__(self) -> None:
+        self.next = 0
+        self._cond = asyncio.Condition()
+
+    async def wait(self, offset: int) -> None:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.next == offset)
+
+    async def advance(self, nbytes: int) -> None:
+        async with self._cond:
+            self.next += nbytes
+            self._cond.notify_all()
+
+
+def export_to_environment(settings: S3Settings) -> tuple[str | None, ...]:
+    """Publish resolved settings as AWS_* variables for libraries that only read the environment.
+
+    s3dlio and Mountpoint's CRT take credentials and endpoint process-wide from the
+    environment; this is the one place asyncckpt writes ``os.environ``, and only for those
+    backends (in an isolated writer process it touches the child alone). Returns a
+    fingerprint to detect a second, conflicting configuration in the same process.
+    """
+    import os
+
+    values = {
+        "AWS_ENDPOINT_URL": settings.endpoint_url,
+        "AWS_ACCESS_KEY_ID": settings.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": settings.secret_access_key,
+        "AWS_SESSION_TOKEN": settings.session_token,
+        "AWS_REGION": settings.region,
+        "AWS_DEFAULT_REGION": settings.region,
+        "AWS_CA_BUNDLE": settings.ca_bundle,
+    }
+    for name, value in values.items():
+        if value is not None:
+            os.environ[name] = value
+    if settings.access_key_id is not None and settings.session_token is None:
+        os.environ.pop("AWS_SESSION_TOKEN", None)  # a stale token would not match the new key
+    return tuple(values.values())

@@ -1,0 +1,273 @@
+"""Each S3 backend three ways, one run, one endpoint: asyncckpt save vs the library used
+directly (simplest correct code, same generator, part size and parts in flight) vs the
+library's I/O-only ceiling (the same direct code on pre-filled buffers, no generation).
+
+Against moto the server is the bottleneck; by default this starts the discard endpoint
+(benchmarks/s3_discard_server.py) in a subprocess so the clients are what is measured.
+
+    python benchmarks/bench_s3_backends.py --size 2GiB --part-size 32MiB --max-in-flight 4
+    python benchmarks/bench_s3_backends.py --endpoint http://127.0.0.1:9000 --bucket b  # any S3
+
+Prints a table and JSON (``--json FILE`` writes it too). Each backend runs in its own
+spawned process: s3dlio and the CRT configure their clients once per process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import dgen_py
+
+from asyncckpt import AsyncCheckpointer
+from asyncckpt.report import format_table
+from asyncckpt.sinks.s3 import S3_BACKENDS, installed
+from asyncckpt.units import parse_size
+
+SEED = 1
+
+
+def chunks(size: int, part: int) -> list[tuple[int, int]]:
+    return [(o, min(part, size - o)) for o in range(0, size, part)]
+
+
+class Data:
+    """Where a direct run gets each part: generated now (direct) or pre-filled (ceiling)."""
+
+    def __init__(self, size: int, part: int, prefilled: bool) -> None:
+        self.gen = dgen_py.Generator(size=size, seed=SEED)
+        self.prefilled = bytearray(part) if prefilled else None
+        if self.prefilled is not None:
+            self.gen.fill_chunk(memoryview(self.prefilled))
+
+    def part(self, n: int) -> memoryview:
+        """A buffer with the next part (fresh memory when generated: the simplest correct way)."""
+        if self.prefilled is not None:
+            return memoryview(self.prefilled)[:n]
+        buf = bytearray(n)
+        self.gen.fill_chunk(memoryview(buf))
+        return memoryview(buf)
+
+    def fill(self, view: memoryview) -> None:
+        if self.prefilled is not None:
+            view[:] = memoryview(self.prefilled)[: len(view)]
+        else:
+            self.gen.fill_chunk(view)
+
+
+async def direct_aiobotocore(a: argparse.Namespace, data: Data) -> None:
+    from aiobotocore.config import AioConfig
+    from aiobotocore.session import get_session
+
+    config = AioConfig(
+        s3={"addressing_style": "path", "payload_signing_enabled": False},
+        request_checksum_calculation="when_required",
+        max_pool_connections=max(16, a.max_in_flight * 2),
+    )
+    async with get_session().create_client(
+        "s3", region_name="us-east-1", endpoint_url=a.endpoint, config=config
+    ) as c:
+        mpu = await c.create_multipart_upload(Bucket=a.bucket, Key="direct")
+        window = asyncio.Semaphore(a.max_in_flight)
+        etags: dict[int, str] = {}
+
+        async def one(number: int, body: memoryview) -> None:
+            try:
+                r = await c.upload_part(
+                    Bucket=a.bucket,
+                    Key="direct",
+                    UploadId=mpu["UploadId"],
+                    PartNumber=number,
+                    Body=bytes(body),
+                )
+                etags[number] = r["ETag"]
+            finally:
+                window.release()
+
+        async with asyncio.TaskGroup() as tg:
+            for i, (_, n) in enumerate(chunks(a.size, a.part_size)):
+                await window.acquire()
+                body = await asyncio.to_thread(data.part, n)
+                tg.create_task(one(i + 1, body))
+        parts = [{"PartNumber": k, "ETag": etags[k]} for k in sorted(etags)]
+        await c.complete_multipart_upload(
+            Bucket=a.bucket, Key="direct", UploadId=mpu["UploadId"], MultipartUpload={"Parts": parts}
+        )
+
+
+def direct_s3dlio(a: argparse.Namespace, data: Data) -> None:
+    import s3dlio
+
+    w = s3dlio.MultipartUploadWriter.from_uri(
+        f"s3://{a.bucket}/direct", part_size=a.part_size, max_in_flight=a.max_in_flight, abort_on_drop=True
+    )
+    for _, n in chunks(a.size, a.part_size):
+        view = w.reserve(n)  # the library's zero-copy path: generate straight into its memory
+        data.fill(view)
+        w.commit(n)
+        view.release()
+    w.close()
+
+
+def direct_minio(a: argparse.Namespace, data: Data) -> None:
+    from minio import Minio
+
+    class Stream(io.RawIOBase):
+        def __init__(self) -> None:
+            self.pending = memoryview(b"")
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b: Any) -> int:
+            if not self.pending:
+                self.pending = data.part(a.part_size)
+            n = min(len(b), len(self.pending))
+            b[:n] = self.pending[:n]
+            self.pending = self.pending[n:]
+            return n
+
+    host = a.endpoint.split("://", 1)[1]
+    client = Minio(host, access_key="bench", secret_key="bench-secret", secure=False, region="us-east-1")
+    client.put_object(
+        a.bucket, "direct", Stream(), a.size, part_size=a.part_size, num_parallel_uploads=a.max_in_flight
+    )
+
+
+def direct_s3torchconnector(a: argparse.Namespace, data: Data) -> None:
+    from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client
+
+    client = MountpointS3Client(
+        "us-east-1", endpoint=a.endpoint, force_path_style=True, part_size=a.part_size
+    )
+    stream = client.put_object(a.bucket, "direct")
+    for _, n in chunks(a.size, a.part_size):
+        stream.write(bytes(data.part(n)))
+    stream.close()
+
+
+DIRECT = {
+    "aiobotocore": direct_aiobotocore,
+    "s3dlio": direct_s3dlio,
+    "minio": direct_minio,
+    "s3torchconnector": direct_s3torchconnector,
+}
+
+
+async def via_asyncckpt(a: argparse.Namespace, backend: str) -> dict[str, Any]:
+    options = {"endpoint_url": a.endpoint, "region": "us-east-1", "dotenv": False}
+    async with AsyncCheckpointer(
+        chunk_size=a.part_size,
+        num_buffers=a.max_in_flight + 2,
+        max_in_flight=min(a.max_in_flight, a.max_in_flight + 2),
+        backend=backend,
+        backend_options={**options, "max_in_flight": a.max_in_flight},
+        seed=SEED,
+    ) as ckpt:
+        await ckpt.save(f"s3://{a.bucket}/warmup", a.part_size)  # pool touch, client setup
+        r = await ckpt.save(f"s3://{a.bucket}/asyncckpt", a.size)
+    return {"wall_s": r.wall_s, "gen_s": r.gen_s, "bottleneck": r.bottleneck}
+
+
+def run_backend(a: argparse.Namespace, backend: str) -> dict[str, Any]:
+    """One backend, all three ways (runs in a spawned child)."""
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": a.endpoint,
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench-secret",
+        }
+    )
+    os.environ.update(
+        {"AWS_REGION": "us-east-1", "S3DLIO_UNSIGNED_PAYLOAD": "1", "AWS_EC2_METADATA_DISABLED": "true"}
+    )
+    out: dict[str, Any] = {"backend": backend}
+    fn = DIRECT[backend]
+    warm = argparse.Namespace(**{**vars(a), "size": a.part_size})
+    for label, args, prefilled in (("warmup", warm, True), ("ceiling", a, True), ("direct", a, False)):
+        data = Data(args.size, a.part_size, prefilled)
+        t0 = time.perf_counter()
+        if asyncio.iscoroutinefunction(fn):
+            asyncio.run(fn(args, data))
+        else:
+            fn(args, data)
+        out[f"{label}_s"] = time.perf_counter() - t0
+    out.update({f"asyncckpt_{k}": v for k, v in asyncio.run(via_asyncckpt(a, backend)).items()})
+    for label in ("ceiling", "direct", "asyncckpt"):
+        out[f"{label}_gbps"] = (
+            a.size / out[f"{label}_s" if label != "asyncckpt" else "asyncckpt_wall_s"] / 1e9
+        )
+    out["vs_direct"] = out["asyncckpt_gbps"] / out["direct_gbps"]
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="256MiB")
+    p.add_argument("--part-size", default="32MiB")
+    p.add_argument("--max-in-flight", type=int, default=4)
+    p.add_argument("--endpoint", default=None, help="S3 endpoint (default: start the discard server)")
+    p.add_argument("--bucket", default="bench")
+    p.add_argument("--backends", default=",".join(S3_BACKENDS))
+    p.add_argument("--json", type=Path, default=None)
+    a = p.parse_args()
+    a.size, a.part_size = parse_size(a.size, name="--size"), parse_size(a.part_size, name="--part-size")
+    server = None
+    if a.endpoint is None:
+        script = Path(__file__).with_name("s3_discard_server.py")
+        server = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+        assert server.stdout is not None
+        a.endpoint = server.stdout.readline().split()[1]
+    try:
+        ctx = mp.get_context("spawn")
+        results = []
+        for backend in a.backends.split(","):
+            if not installed(backend):
+                print(
+                    f"skipping {backend}: not installed (pip install 'asyncckpt[{S3_BACKENDS[backend][3]}]')"
+                )
+                continue
+            with ctx.Pool(1) as pool:
+                results.append(pool.apply(run_backend, (a, backend)))
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait()
+    rows = [
+        (
+            r["backend"],
+            f"{r['ceiling_gbps']:.3f}",
+            f"{r['direct_gbps']:.3f}",
+            f"{r['asyncckpt_gbps']:.3f}",
+            f"{r['vs_direct']:.2f}x",
+            r["asyncckpt_bottleneck"],
+        )
+        for r in results
+    ]
+    print(
+        f"{a.size / 2**30:.3f} GiB, parts {a.part_size / 2**20:.0f} MiB, "
+        f"{a.max_in_flight} in flight, {a.endpoint}"
+    )
+    print(
+        format_table(
+            ("backend", "ceiling GB/s", "direct GB/s", "asyncckpt GB/s", "vs direct", "bottleneck"), rows
+        )
+    )
+    doc = {"size": a.size, "part_size": a.part_size, "max_in_flight": a.max_in_flight, "endpoint": a.endpoint}
+    text = json.dumps({**doc, "results": results}, indent=2)
+    print(text)
+    if a.json is not None:
+        a.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Per-backend test harness: make a sink, and look at the target with independent means.
+
+s3dlio and s3torchconnector start Rust/CRT runtimes; after a process has used s3dlio, a
+``fork``ed child hangs (see shared notes), and s3dlio fixes its client configuration at
+first use. Their tests therefore run in a separate pytest process (``run_child_suite``),
+never in the main test process that other tests may fork from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncckpt.sinks import MEMORY_STORE, Sink, SinkOptions, make_sink
+from asyncckpt.sinks.s3 import installed
+from asyncckpt.units import MiB
+
+from .s3_server import MotoS3
+
+CHUNK = 5 * MiB  # = the S3 minimum part size: moto stays fast with few, small parts
+S3_IN_PROCESS = ("aiobotocore", "minio")
+S3_IN_CHILD = ("s3dlio", "s3torchconnector")
+CHILD_ENV = "ASYNCCKPT_TEST_IN_CHILD"
+
+
+def in_child() -> bool:
+    return os.environ.get(CHILD_ENV) == "1"
+
+
+def s3_backends() -> tuple[str, ...]:
+    """The S3 backends this process tests (the others run in the child suite)."""
+    return S3_IN_CHILD if in_child() else S3_IN_PROCESS
+
+
+@dataclass
+class Target:
+    """One backend's view of a test target."""
+
+    backend: str
+    executor: Executor
+    tmp: Path
+    s3: MotoS3 | None = None
+    bucket: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def uri(self, name: str) -> str:
+        if self.backend == "file":
+            return str(self.tmp / name)
+        if self.backend == "memory":
+            return f"memory://{self.tmp.name}/{name}"
+        return f"s3://{self.bucket}/{name}"
+
+    def sink(self, name: str, chunk: int = CHUNK) -> Sink:
+        options = SinkOptions(chunk_size=chunk, extra=dict(self.options))
+        return make_sink(self.uri(name), backend=self.backend, executor=self.executor, options=options)
+
+    async def published(self, name: str) -> bytes | None:
+        """The object's bytes read independently of the sink, or None when absent (off the loop)."""
+        return await asyncio.to_thread(self._published, name)
+
+    async def leftovers(self) -> list[str]:
+        """Temporary files or unfinished multipart uploads at the target."""
+        return await asyncio.to_thread(self._leftovers)
+
+    def _published(self, name: str) -> bytes | None:
+        if self.backend == "file":
+            path = self.tmp / name
+            return path.read_bytes() if path.exists() else None
+        if self.backend == "memory":
+            return MEMORY_STORE.get(self.uri(name))
+        assert self.s3 is not None
+        client = self.s3.client()
+        try:
+            body: bytes = client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
+            return body
+        except client.exceptions.NoSuchKey:
+            return None
+
+    def _leftovers(self) -> list[str]:
+        if self.backend == "file":
+            return sorted(p.name for p in self.tmp.iterdir() if p.name.endswith(".partial"))
+        if self.backend == "memory":
+            return []
+        assert self.s3 is not None
+        listing = self.s3.client().list_multipart_uploads(Bucket=self.bucket)
+        return [u["Key"] for u in listing.get("Uploads", [])]
+
+
+def new_bucket(server: MotoS3) -> str:
+    return server.create_bucket(f"t-{uuid.uuid4().hex[:16]}")
+
+
+def run_child_suite(test_file: str, selection: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``test_file``'s out-of-process backends (or ``-k selection``) in a fresh pytest process."""
+    missing = [b for b in S3_IN_CHILD if not installed(b)]
+    assert not missing, f"test extras not installed: {missing} (pip install 'asyncckpt[test]')"
+    env = {**os.environ, CHILD_ENV: "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        test_file,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        selection or " or ".join(S3_IN_CHILD),
+    ]
+    return subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parent.parent
+    )

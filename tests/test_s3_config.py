@@ -1,0 +1,112 @@
+"""S3 settings: precedence, .env, validation before I/O, redaction, URIs, optional imports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asyncckpt import ConfigError, MiB, MissingDependencyError
+from asyncckpt.sinks import resolve_backend
+from asyncckpt.sinks.s3 import S3_BACKENDS, auto_backend, installed, sink_class
+from asyncckpt.sinks.s3.config import S3Settings, parse_s3_uri, plan_parts
+
+SECRET = "Sup3rSecretValue/xyz"
+
+
+def test_precedence_options_over_environment_over_dotenv(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text(
+        "# comment\nexport AWS_ENDPOINT_URL=http://dotenv:1\nAWS_REGION='eu-west-1'\n"
+        f'AWS_ACCESS_KEY_ID=dotenv-key\nAWS_SECRET_ACCESS_KEY="{SECRET}"\n'
+    )
+    env = {"AWS_ENDPOINT_URL": "http://env:2"}
+    s = S3Settings.resolve({"region": "ap-south-1"}, env=env, cwd=tmp_path)
+    assert s.region == "ap-south-1" and s.sources["region"] == "backend_options"
+    assert s.endpoint_url == "http://env:2" and s.sources["endpoint_url"] == "environment AWS_ENDPOINT_URL"
+    assert s.access_key_id == "dotenv-key" and s.secret_access_key == SECRET
+    assert s.sources["secret_access_key"] == ".env AWS_SECRET_ACCESS_KEY"
+    assert s.path_style is True  # custom endpoint → path-style
+    assert S3Settings.resolve({"dotenv": False}, env={}, cwd=tmp_path).access_key_id is None
+
+
+def test_region_falls_back_to_default_region_then_us_east_1() -> None:
+    assert (
+        S3Settings.resolve({"dotenv": False}, env={"AWS_DEFAULT_REGION": "eu-north-1"}).region == "eu-north-1"
+    )
+    assert S3Settings.resolve({"dotenv": False}, env={}).region == "us-east-1"
+    assert S3Settings.resolve({"dotenv": False}, env={}).path_style is False  # AWS: virtual hosts
+
+
+def test_secrets_never_in_repr_str_or_describe() -> None:
+    s = S3Settings.resolve(
+        {
+            "access_key_id": "AKIAEXAMPLE",
+            "secret_access_key": SECRET,
+            "session_token": "tok-123456",
+            "dotenv": False,
+        },
+        env={},
+    )
+    for text in (repr(s), str(s), repr(s.describe())):
+        assert SECRET not in text and "tok-123456" not in text
+    assert "<redacted>" in repr(s)
+    assert s.scrub(f"failed with {SECRET}") == "failed with <redacted>"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"part_size": 4 * MiB}, "below the S3 minimum of 5 MiB"),
+        ({"part_size": "6GiB"}, "exceeds the S3 maximum of 5 GiB"),
+        ({"checksums": "always"}, "checksums must be one of"),
+        ({"payload_signing": "maybe"}, "payload_signing must be a boolean"),
+        ({"endpoint_url": "localhost:9000"}, "must look like http"),
+        ({"access_key_id": "only-the-key"}, "must be given together"),
+        ({"partsize": 5}, "unknown S3 backend option"),
+        ({"dotenv": "/nonexistent/.env"}, "no such file"),
+    ],
+)
+def test_invalid_options_are_rejected(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        S3Settings.resolve({"dotenv": False, **options} if "dotenv" not in options else options, env={})
+
+
+def test_part_layout_limits_say_what_to_change() -> None:
+    assert plan_parts(10 * MiB + 1, 5 * MiB, 5 * MiB) == 3
+    with pytest.raises(ConfigError, match=r"needs 10001 parts.*use part_size >= 6 MiB"):
+        plan_parts(10_001 * 5 * MiB, 5 * MiB, None)
+    with pytest.raises(ConfigError, match="not a multiple of part_size"):
+        plan_parts(100 * MiB, 8 * MiB, 12 * MiB)
+    assert plan_parts(100 * MiB, 8 * MiB, 16 * MiB) == 13  # a chunk may hold several parts
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("s3:///key", "names no bucket"),
+        ("s3://bucket", "names no object key"),
+        ("s3://bucket/dir/", "names a prefix"),
+        ("s3://Bad_Bucket/key", "invalid bucket name"),
+        ("s3://bucket/key?versionId=1", "query or fragment"),
+    ],
+)
+def test_bad_s3_uris(uri: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_s3_uri(uri)
+
+
+def test_uri_parsing() -> None:
+    assert parse_s3_uri("s3://my.bucket-1/a/b/c.bin") == ("my.bucket-1", "a/b/c.bin")
+
+
+def test_auto_backend_and_registration() -> None:
+    assert resolve_backend("s3://b/k") == "s3"
+    assert auto_backend() == ("s3dlio" if installed("s3dlio") else "aiobotocore")
+    for name in S3_BACKENDS:
+        assert resolve_backend("s3://b/k", name) == name
+
+
+def test_missing_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(S3_BACKENDS, "minio", ("minio_sink", "MinioSink", "no_such_pkg_for_test", "minio"))
+    with pytest.raises(MissingDependencyError, match=r"pip install 'asyncckpt\[minio\]'"):
+        sink_class("minio")

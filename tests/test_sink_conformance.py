@@ -1,0 +1,139 @@
+"""One contract, every sink: file, memory and each S3 backend against a real moto server.
+
+The S3 objects are checked with an independent client (boto3), files by reading them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from asyncckpt import TargetNotFoundError
+
+from .s3_harness import CHUNK, Target, in_child, new_bucket, run_child_suite, s3_backends
+from .s3_server import MotoS3
+
+BACKENDS = s3_backends() if in_child() else ("file", "memory", *s3_backends())
+SIZE = 2 * CHUNK + 12345  # three parts, the last one short
+
+
+@pytest.fixture
+def executor() -> Iterator[ThreadPoolExecutor]:
+    pool = ThreadPoolExecutor(max_workers=8)
+    yield pool
+    pool.shutdown(wait=True)
+
+
+@pytest.fixture(params=BACKENDS)
+def target(request: pytest.FixtureRequest, executor: ThreadPoolExecutor, tmp_path: Path) -> Target:
+    backend: str = request.param
+    if backend in ("file", "memory"):
+        return Target(backend, executor, tmp_path)
+    s3: MotoS3 = request.getfixturevalue("s3_env")
+    return Target(backend, executor, tmp_path, s3=s3, bucket=new_bucket(s3), options=s3.options())
+
+
+def payload(size: int) -> mmap.mmap:
+    """Random bytes in page-aligned memory, like the pool's buffers."""
+    buf = mmap.mmap(-1, size)
+    buf[:] = os.urandom(size)
+    return buf
+
+
+async def test_object_visible_only_after_complete_with_exact_bytes(target: Target) -> None:
+    data = payload(SIZE)
+    sink = target.sink("obj")
+    await sink.open(SIZE)
+    view = memoryview(data)
+    for offset in range(0, SIZE, CHUNK):
+        await sink.write_part(offset, view[offset : offset + CHUNK])
+        assert await target.published("obj") is None, "object visible before complete"
+    await sink.complete()
+    await sink.aclose()
+    assert await target.published("obj") == bytes(data)
+    assert await target.leftovers() == []
+
+
+async def test_concurrent_writes_out_of_order(target: Target) -> None:
+    data = payload(SIZE)
+    sink = target.sink("ooo")
+    await sink.open(SIZE)
+    view = memoryview(data)
+    offsets = list(range(0, SIZE, CHUNK))[::-1]
+    await asyncio.gather(*(sink.write_part(o, view[o : o + CHUNK]) for o in offsets))
+    assert await target.published("ooo") is None
+    await sink.complete()
+    await sink.aclose()
+    assert await target.published("ooo") == bytes(data)
+
+
+async def test_abort_leaves_nothing(target: Target) -> None:
+    data = payload(SIZE)
+    sink = target.sink("aborted")
+    await sink.open(SIZE)
+    view = memoryview(data)
+    await sink.write_part(0, view[:CHUNK])
+    await sink.abort()
+    await sink.abort()  # idempotent
+    await sink.aclose()
+    assert await target.published("aborted") is None
+    assert await target.leftovers() == []
+
+
+async def test_small_object_below_one_part(target: Target) -> None:
+    data = payload(1000)
+    sink = target.sink("small")
+    await sink.open(1000)
+    await sink.write_part(0, memoryview(data))
+    assert await target.published("small") is None
+    await sink.complete()
+    await sink.aclose()
+    assert await target.published("small") == bytes(data)
+
+
+async def test_read_into_size_and_delete(target: Target) -> None:
+    data = payload(SIZE)
+    writer = target.sink("rd")
+    await writer.open(SIZE)
+    view = memoryview(data)
+    for offset in range(0, SIZE, CHUNK):
+        await writer.write_part(offset, view[offset : offset + CHUNK])
+    await writer.complete()
+    await writer.aclose()
+
+    sink = target.sink("rd")
+    assert await sink.size() == SIZE
+    buf = bytearray(4096)
+    start = CHUNK - 1000  # across a part boundary
+    assert await sink.read_into(start, memoryview(buf)) == 4096
+    assert bytes(buf) == data[start : start + 4096]
+    assert await sink.read_into(SIZE - 10, memoryview(buf)) == 10
+    assert bytes(buf[:10]) == data[SIZE - 10 :]
+    assert await sink.read_into(SIZE, memoryview(buf)) == 0
+    await sink.delete()
+    await sink.delete()  # absent: no error
+    assert await target.published("rd") is None
+    with pytest.raises(TargetNotFoundError):
+        await sink.size()
+    await sink.aclose()
+
+
+async def test_size_of_missing_object_is_not_found(target: Target) -> None:
+    sink = target.sink("never-written")
+    with pytest.raises(TargetNotFoundError):
+        await sink.size()
+    await sink.aclose()
+
+
+@pytest.mark.skipif(in_child(), reason="this is the launcher of the child suite")
+def test_out_of_process_backends_pass_the_same_suite() -> None:
+    """s3dlio and s3torchconnector run this module in a fresh process (fork safety, see harness)."""
+    proc = run_child_suite(__file__)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
