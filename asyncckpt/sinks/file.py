@@ -75,6 +75,11 @@ class FileSink(Sink):
         self.direct = False
         self.direct_reason = ""
 
+    @property
+    def temp_path(self) -> Path | None:
+        """The temporary file being written (so a supervisor can remove it if we die)."""
+        return self._tmp
+
     def check(self) -> None:
         parent = self.path.parent
         if not parent.exists():
