@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -44,7 +45,7 @@ def _exit_text(code: int | None) -> str:
         with contextlib.suppress(ValueError):
             return f"was killed by signal {signal.Signals(-code).name} (exit code {code})"
         return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+    return f"exited with code {code}" + (" (its traceback, if any, is on stderr)" if code else "")
 
 
 def _reap(proc: BaseProcess, grace: float) -> None:
@@ -53,6 +54,42 @@ def _reap(proc: BaseProcess, grace: float) -> None:
     if proc.exitcode is None:
         proc.kill()
         proc.join()
+
+
+async def _start(proc: BaseProcess) -> None:
+    """``proc.start()`` off the loop, from a short-lived thread of its own.
+
+    Not from an executor worker: a forked child's only thread would be a copy of that worker,
+    and at exit ``concurrent.futures`` joins its workers, including the current thread, which
+    raises and turns a clean exit into exit code 1.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(exc: BaseException | None) -> None:
+        if not done.done():
+            done.set_exception(exc) if exc is not None else done.set_result(None)
+
+    def target() -> None:
+        try:
+            proc.start()
+        except BaseException as exc:
+            loop.call_soon_threadsafe(settle, exc)
+        else:
+            loop.call_soon_threadsafe(settle, None)
+
+    thread = threading.Thread(target=target, name="asyncckpt-start-writer", daemon=True)
+    thread.start()
+    try:
+        await asyncio.shield(done)
+    except asyncio.CancelledError:
+        while not done.done():  # like run_blocking: never abandon a half-started child
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([done])
+        done.exception()
+        raise
+    finally:
+        thread.join()  # it has already called back: returns at once
 
 
 class ProcessSink(Sink):
@@ -141,7 +178,7 @@ class ProcessSink(Sink):
             self._proc, self._conn = proc, parent_conn
             self._sender = ThreadPoolExecutor(1, thread_name_prefix="asyncckpt-send")
             try:
-                await run_blocking(self.executor, proc.start)
+                await _start(proc)
             except Exception as exc:
                 self._dead = WriterProcessError(f"could not start the writer process ({method}): {exc}")
                 raise self._dead from exc
@@ -272,13 +309,15 @@ class ProcessSink(Sink):
         self._stop_reading()
         if self._exit_task is not None:
             await self._exit_task
-        if proc.pid is not None:
-            await run_blocking(self.executor, _reap, proc, self.timeout)
         if self._sender is not None:
             await run_blocking(self.executor, self._sender.shutdown)
             self._sender = None
-        if self._conn is not None:
+        if self._conn is not None:  # EOF makes a child that never got "close" abort and exit
             self._conn.close()
+            self._conn = None
+        if proc.pid is not None:  # a child that answered "close" or saw EOF exits at once
+            await run_blocking(self.executor, _reap, proc, min(self.timeout, 5.0))
+            log.debug("writer process pid %s %s", proc.pid, _exit_text(proc.exitcode))
         proc.close()
         self._proc, self._dead = None, self._dead or WriterProcessError("writer process closed")
 

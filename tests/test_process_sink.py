@@ -1,0 +1,222 @@
+"""Saving through a real writer process: exact bytes, every start method, and no leaks when
+the child is killed, stalls, or the save is cancelled. The test learns that the child is
+mid-save from the progress callback (called when the child has acknowledged a write)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from asyncckpt import AsyncCheckpointer, DirectIOError, WriterProcessError
+from asyncckpt.isolation.shm import PREFIX, SharedArena, SharedBufferPool, shm_dir
+from asyncckpt.units import MiB
+
+from .conftest import expected_bytes, files_in
+from .test_save_file import _mount
+
+CHUNK = 1 * MiB
+
+
+def my_segments() -> list[str]:
+    return sorted(p.name for p in shm_dir().glob(f"{PREFIX}{os.getpid()}-*"))
+
+
+def assert_gone(pid: int) -> None:
+    """Not running and not a zombie (reaped by us, or by the forkserver)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return
+    raise AssertionError(f"writer pid {pid} still exists in state {state}")
+
+
+def writer() -> multiprocessing.process.BaseProcess:
+    children = [p for p in multiprocessing.active_children() if p.name == "asyncckpt-writer"]
+    assert len(children) == 1, children
+    return children[0]
+
+
+@pytest.fixture
+def ramfs(tmp_path: Path) -> Iterator[Path]:
+    """A real file system that refuses O_DIRECT, so the child's open fails."""
+    mnt = tmp_path / "ramfs"
+    mnt.mkdir()
+    if not _mount(mnt, "ramfs", None):
+        pytest.skip("mounting ramfs needs root (CI runs as root)")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.fixture
+def no_shm_leak() -> Iterator[None]:
+    before = my_segments()
+    yield
+    assert my_segments() == before
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+async def test_bytes_through_each_start_method(tmp_path: Path, method: str, no_shm_leak: None) -> None:
+    target = tmp_path / "rank0.bin"
+    size = 5 * CHUNK + 12345
+    seen: list[tuple[int, list[str]]] = []
+
+    def progress(n: int) -> None:
+        if not seen:
+            seen.append((writer().pid or 0, my_segments()))
+
+    async with AsyncCheckpointer(
+        chunk_size=CHUNK, num_buffers=3, max_in_flight=2, seed=11, isolation="process", mp_start_method=method
+    ) as ckpt:
+        result = await ckpt.save(target, size, progress=progress)
+    assert target.read_bytes() == expected_bytes(size, CHUNK, 11)
+    assert files_in(tmp_path) == ["rank0.bin"]
+    pid, segments = seen[0]
+    assert len(segments) == 1  # the pool lived in shared memory during the save
+    extra = result.metadata.extra
+    assert extra["isolation"] == "process" and extra["mp_start_method"] == method
+    assert extra["writer_pid"] == pid != os.getpid()
+    assert result.metadata.backend == "file"
+    assert "fsync_s" in result.close_detail  # the child's timings
+    for rec in result.records:  # pure write seconds measured in the child, inside the parent's span
+        assert 0 < rec.write_s <= rec.t_write_end - rec.t_write_start
+    assert_gone(pid)
+    assert not multiprocessing.active_children() or all(
+        p.name != "asyncckpt-writer" for p in multiprocessing.active_children()
+    )
+
+
+async def test_fork_leaks_no_fds_or_threads(tmp_path: Path, leak_check: None, no_shm_leak: None) -> None:
+    async with AsyncCheckpointer(
+        chunk_size=CHUNK, num_buffers=2, isolation="process", mp_start_method="fork"
+    ) as c:
+        for i in range(2):  # the pool is reused; each save has its own writer
+            await c.save(tmp_path / f"{i}.bin", 3 * CHUNK)
+    assert files_in(tmp_path) == ["0.bin", "1.bin"]
+
+
+async def test_preallocate_and_null_through_the_child(tmp_path: Path, no_shm_leak: None) -> None:
+    size = 2 * CHUNK + 100
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=5, isolation="process") as ckpt:
+        # preallocate's buffer is private memory: chunks travel through the pipe instead
+        await ckpt.save(tmp_path / "p.bin", size, method="preallocate")
+        null = await ckpt.save("null://x", size)
+    assert (tmp_path / "p.bin").read_bytes() == expected_bytes(size, CHUNK, 5)
+    assert null.metadata.backend == "null" and null.metadata.extra["mp_start_method"] == "fork"
+
+
+async def test_child_error_arrives_as_itself(ramfs: Path) -> None:
+    async with AsyncCheckpointer(
+        chunk_size=CHUNK, num_buffers=2, direct_io=True, isolation="process"
+    ) as ckpt:
+        with pytest.raises(DirectIOError, match="direct_io=True") as info:
+            await ckpt.save(ramfs / "d.bin", CHUNK)
+    assert any("writer process pid" in note for note in getattr(info.value, "__notes__", []))
+    assert files_in(ramfs) == []
+
+
+async def test_bad_target_fails_before_a_child_starts(tmp_path: Path) -> None:
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, isolation="process") as ckpt:
+        with pytest.raises(FileNotFoundError):
+            await ckpt.save(tmp_path / "missing" / "x.bin", CHUNK)
+    assert not [p for p in multiprocessing.active_children() if p.name == "asyncckpt-writer"]
+
+
+async def _save_with(
+    tmp_path: Path, on_first_ack: Callable[[int], None], **config: object
+) -> tuple[BaseException, float, int]:
+    """Save 16 chunks through 2 buffers; call ``on_first_ack(child_pid)`` once, mid-save."""
+    pids: list[int] = []
+
+    def progress(n: int) -> None:
+        if not pids:
+            pids.append(writer().pid or 0)
+            on_first_ack(pids[0])
+
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, isolation="process", **config) as ckpt:
+        t0 = time.monotonic()
+        with pytest.raises(WriterProcessError) as info:
+            await ckpt.save(tmp_path / "x.bin", 16 * CHUNK, progress=progress)
+        elapsed = time.monotonic() - t0
+        assert files_in(tmp_path) == []  # the dead child's temporary file was removed
+        await ckpt.save(tmp_path / "after.bin", CHUNK)  # the checkpointer is still usable
+    return info.value, elapsed, pids[0]
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+async def test_killed_child_fails_the_save_fast(tmp_path: Path, method: str, no_shm_leak: None) -> None:
+    err, elapsed, pid = await _save_with(
+        tmp_path, lambda pid: os.kill(pid, signal.SIGKILL), mp_start_method=method
+    )
+    assert f"pid {pid}" in str(err) and "SIGKILL" in str(err)
+    assert elapsed < 10
+    assert_gone(pid)
+    assert files_in(tmp_path) == ["after.bin"]
+
+
+async def test_stalled_child_times_out(tmp_path: Path, no_shm_leak: None) -> None:
+    err, elapsed, pid = await _save_with(
+        tmp_path, lambda pid: os.kill(pid, signal.SIGSTOP), mp_start_method="fork", writer_timeout=1.0
+    )
+    assert "stalled" in str(err) and "writer_timeout=1 s" in str(err)
+    assert 1.0 <= elapsed < 10
+    assert_gone(pid)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+async def test_cancel_mid_save_stops_the_child(
+    tmp_path: Path, method: str, no_shm_leak: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="asyncckpt")
+    acked = asyncio.Event()
+    pids: list[int] = []
+
+    def progress(n: int) -> None:
+        if not pids:
+            pids.append(writer().pid or 0)
+            acked.set()
+
+    async with AsyncCheckpointer(
+        chunk_size=CHUNK, num_buffers=2, isolation="process", mp_start_method=method
+    ) as ckpt:
+        task = asyncio.create_task(ckpt.save(tmp_path / "x.bin", 64 * CHUNK, progress=progress))
+        await acked.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert_gone(pids[0])
+        assert files_in(tmp_path) == []
+    # asked to abort and close, it exited by itself: nothing had to be killed
+    assert f"writer process pid {pids[0]} exited with code 0" in caplog.text
+
+
+def test_arena_unlinked_exactly_once_and_attachable() -> None:
+    arena = SharedArena(2 * 4096)
+    child = SharedArena.attach(arena.path, arena.size)
+    child[:5] = b"hello"
+    assert arena.mmap[:5] == b"hello"
+    child.close()
+    assert Path(arena.path).exists()
+    arena.close()
+    assert not Path(arena.path).exists() and arena.unlinked
+    arena.close()  # idempotent, no error for the missing name
+
+
+def test_shared_pool_locates_its_buffers() -> None:
+    pool = SharedBufferPool(4096, 3)
+    try:
+        buf = pool.buffers[2]
+        assert pool.arena.locate(buf.view[100:200]) == 2 * 4096 + 100
+        assert pool.arena.locate(memoryview(bytearray(10))) is None
+        assert pool.arena.locate(memoryview(b"read-only")) is None
+    finally:
+        pool.close()
+    assert not Path(pool.arena.path).exists()
