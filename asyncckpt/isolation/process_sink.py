@@ -210,9 +210,14 @@ class ProcessSink(Sink):
                 else:
                     fut.set_exception(self._unpack(payload))
         except (EOFError, OSError):
-            self._stop_reading()
-            if self._exit_task is None:
-                self._exit_task = asyncio.get_running_loop().create_task(self._on_exit())
+            self._child_exited()
+
+    def _child_exited(self) -> asyncio.Task[None]:
+        """The pipe broke: stop reading, and reap (once) and report the child."""
+        self._stop_reading()
+        if self._exit_task is None:
+            self._exit_task = asyncio.get_running_loop().create_task(self._on_exit())
+        return self._exit_task
 
     def _stop_reading(self) -> None:
         if self._reading and self._conn is not None:
@@ -247,9 +252,9 @@ class ProcessSink(Sink):
 
     async def _kill(self, err: WriterProcessError) -> None:
         self._fail(err)
-        self._stop_reading()
         if self._proc is not None and self._proc.pid is not None:
-            await run_blocking(self.executor, _reap, self._proc, 0.0)
+            self._proc.kill()  # SIGKILL works on a stopped or hung process too
+            await self._child_exited()  # the one place that reaps it
 
     def _send(self, msg: tuple[Any, ...]) -> None:
         assert self._conn is not None
@@ -259,9 +264,8 @@ class ProcessSink(Sink):
         assert self._sender is not None
         try:
             await asyncio.get_running_loop().run_in_executor(self._sender, self._send, msg)
-        except OSError:
-            if self._exit_task is not None:
-                await self._exit_task
+        except OSError:  # the child is gone: wait for its exit status, for the message
+            await self._child_exited()
             if self._dead is None:
                 self._fail(WriterProcessError(f"lost the pipe to writer process pid {self.pid}"))
         if self._dead is not None:
