@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 from asyncckpt import AsyncCheckpointer, CheckpointConfig, ConfigError
+from asyncckpt.bench.cli import build_parser, plan_from_args
 from asyncckpt.isolation import policy
 from asyncckpt.isolation.policy import resolve_policy
 
@@ -107,3 +108,15 @@ def test_missing_method_degrades_along_the_chain(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(policy.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
     assert resolve_policy("file", isolation="process", environ=NO_ENV).start_method == "spawn"
     assert resolve_policy("s3dlio", environ=NO_ENV).start_method == "spawn"
+
+
+def test_bench_cli_passes_isolation_through() -> None:
+    args = build_parser().parse_args(
+        ["/tmp/x", "--isolation", "process", "--mp-start-method", "spawn", "--writer-timeout", "7"]
+    )
+    cfg = plan_from_args(args).config
+    assert (cfg.isolation, cfg.mp_start_method, cfg.writer_timeout) == ("process", "spawn", 7.0)
+    with pytest.raises(ConfigError, match="Tokio"):
+        plan_from_args(
+            build_parser().parse_args(["/tmp/x", "--backend", "s3dlio", "--mp-start-method", "fork"])
+        )

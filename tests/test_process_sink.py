@@ -18,6 +18,7 @@ import pytest
 
 from asyncckpt import AsyncCheckpointer, DirectIOError, WriterProcessError
 from asyncckpt.isolation.shm import PREFIX, SharedArena, SharedBufferPool, shm_dir
+from asyncckpt.report import format_result
 from asyncckpt.units import MiB
 
 from .conftest import expected_bytes, files_in
@@ -85,6 +86,7 @@ async def test_bytes_through_each_start_method(tmp_path: Path, method: str, no_s
     assert extra["isolation"] == "process" and extra["mp_start_method"] == method
     assert extra["writer_pid"] == pid != os.getpid()
     assert result.metadata.backend == "file"
+    assert f"Writer:            process pid {pid}, {method}" in format_result(result)
     assert "fsync_s" in result.close_detail  # the child's timings
     for rec in result.records:  # pure write seconds measured in the child, inside the parent's span
         assert 0 < rec.write_s <= rec.t_write_end - rec.t_write_start

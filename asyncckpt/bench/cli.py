@@ -50,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1, help="checkpoints to write (1)")
     p.add_argument("--keep", action="store_true", help="keep the written checkpoint")
     p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto")
+    p.add_argument("--isolation", choices=("auto", "process", "none"), default="auto", help="writer process")
+    p.add_argument(
+        "--mp-start-method",
+        choices=("auto", "fork", "forkserver", "spawn"),
+        default=None,
+        help="writer start method (default: ASYNCCKPT_MP_START_METHOD, else auto)",
+    )
+    p.add_argument("--writer-timeout", type=float, default=None, help="seconds a writer may take per request")
     p.add_argument("--json", type=Path, default=None, help="also write results as JSON to FILE")
     p.add_argument("--records", action="store_true", help="include per-chunk records in the JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary table")
@@ -76,6 +84,10 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         options["generator"] = args.generator
     if args.seed is not None:
         options["seed"] = args.seed
+    options["isolation"] = args.isolation
+    options["mp_start_method"] = args.mp_start_method
+    if args.writer_timeout is not None:
+        options["writer_timeout"] = args.writer_timeout
     config = CheckpointConfig(**options)
     methods = ("streaming", "preallocate") if args.method == "both" else (args.method,)
     return BenchPlan(

@@ -18,8 +18,6 @@ import logging
 import multiprocessing
 import os
 import pickle
-import signal
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -30,66 +28,13 @@ from ..errors import ConfigError, WriterProcessError
 from ..sinks import BACKENDS, make_sink, resolve_backend
 from ..sinks.base import Sink, SinkOptions
 from . import child
+from ._proc import exit_text, reap, start_process
 from .policy import LOCAL_BACKENDS, WriterPolicy
 from .shm import SharedArena
 
 log = logging.getLogger("asyncckpt")
 DEFAULT_TIMEOUT = 300.0
 _INLINE_READ = 1 << 20  # reads into caller memory come back in pieces this big
-
-
-def _exit_text(code: int | None) -> str:
-    if code is None:
-        return "is still running"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"was killed by signal {signal.Signals(-code).name} (exit code {code})"
-        return f"was killed by signal {-code}"
-    return f"exited with code {code}" + (" (its traceback, if any, is on stderr)" if code else "")
-
-
-def _reap(proc: BaseProcess, grace: float) -> None:
-    """Wait up to ``grace`` s for the child to exit, then kill it; always reaped."""
-    proc.join(grace)
-    if proc.exitcode is None:
-        proc.kill()
-        proc.join()
-
-
-async def _start(proc: BaseProcess) -> None:
-    """``proc.start()`` off the loop, from a short-lived thread of its own.
-
-    Not from an executor worker: a forked child's only thread would be a copy of that worker,
-    and at exit ``concurrent.futures`` joins its workers, including the current thread, which
-    raises and turns a clean exit into exit code 1.
-    """
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def settle(exc: BaseException | None) -> None:
-        if not done.done():
-            done.set_exception(exc) if exc is not None else done.set_result(None)
-
-    def target() -> None:
-        try:
-            proc.start()
-        except BaseException as exc:
-            loop.call_soon_threadsafe(settle, exc)
-        else:
-            loop.call_soon_threadsafe(settle, None)
-
-    thread = threading.Thread(target=target, name="asyncckpt-start-writer", daemon=True)
-    thread.start()
-    try:
-        await asyncio.shield(done)
-    except asyncio.CancelledError:
-        while not done.done():  # like run_blocking: never abandon a half-started child
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait([done])
-        done.exception()
-        raise
-    finally:
-        thread.join()  # it has already called back: returns at once
 
 
 class ProcessSink(Sink):
@@ -178,7 +123,7 @@ class ProcessSink(Sink):
             self._proc, self._conn = proc, parent_conn
             self._sender = ThreadPoolExecutor(1, thread_name_prefix="asyncckpt-send")
             try:
-                await _start(proc)
+                await start_process(proc)
             except Exception as exc:
                 self._dead = WriterProcessError(f"could not start the writer process ({method}): {exc}")
                 raise self._dead from exc
@@ -235,10 +180,10 @@ class ProcessSink(Sink):
     async def _on_exit(self) -> None:
         """The pipe hit EOF: reap the child and fail whatever still waits on it."""
         assert self._proc is not None
-        await run_blocking(self.executor, _reap, self._proc, 5.0)
+        await run_blocking(self.executor, reap, self._proc, 5.0)
         if not self._closing:
             self._fail(
-                WriterProcessError(f"writer process pid {self._proc.pid} {_exit_text(self._proc.exitcode)}")
+                WriterProcessError(f"writer process pid {self._proc.pid} {exit_text(self._proc.exitcode)}")
             )
 
     def _fail(self, err: WriterProcessError) -> None:
@@ -320,8 +265,8 @@ class ProcessSink(Sink):
             self._conn.close()
             self._conn = None
         if proc.pid is not None:  # a child that answered "close" or saw EOF exits at once
-            await run_blocking(self.executor, _reap, proc, min(self.timeout, 5.0))
-            log.debug("writer process pid %s %s", proc.pid, _exit_text(proc.exitcode))
+            await run_blocking(self.executor, reap, proc, min(self.timeout, 5.0))
+            log.debug("writer process pid %s %s", proc.pid, exit_text(proc.exitcode))
         proc.close()
         self._proc, self._dead = None, self._dead or WriterProcessError("writer process closed")
 
