@@ -5,6 +5,8 @@ mid-save from the progress callback (called when the child has acknowledged a wr
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import multiprocessing
 import os
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from asyncckpt import AsyncCheckpointer, DirectIOError, WriterProcessError
-from asyncckpt.isolation.shm import PREFIX, SharedArena, SharedBufferPool, shm_dir
+from asyncckpt.isolation.shm import KIND_ENV, PREFIX, SharedArena, SharedBufferPool, shm_dir
 from asyncckpt.report import format_result
 from asyncckpt.units import MiB
 
@@ -28,7 +30,16 @@ CHUNK = 1 * MiB
 
 
 def my_segments() -> list[str]:
-    return sorted(p.name for p in shm_dir().glob(f"{PREFIX}{os.getpid()}-*"))
+    """Our shared-memory segments: /dev/shm files, and memfds we hold open."""
+    mine = f"{PREFIX}{os.getpid()}-"
+    files = [p.name for p in shm_dir().glob(f"{mine}*")]
+    memfds = set()  # by name: an mmap object holds a dup of the descriptor it maps
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if link.startswith(f"/memfd:{mine}"):
+                memfds.add(link.split()[0])
+    return sorted(files + list(memfds))
 
 
 def assert_gone(pid: int) -> None:
@@ -61,11 +72,17 @@ def ramfs(tmp_path: Path) -> Iterator[Path]:
 def no_shm_leak() -> Iterator[None]:
     before = my_segments()
     yield
+    gc.collect()  # a kept traceback can pin a pool view, so its mapping, until collected
     assert my_segments() == before
 
 
-@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
-async def test_bytes_through_each_start_method(tmp_path: Path, method: str, no_shm_leak: None) -> None:
+@pytest.mark.parametrize(
+    ("method", "kind"), [("fork", "memfd"), ("forkserver", "memfd"), ("spawn", "memfd"), ("spawn", "file")]
+)
+async def test_bytes_through_each_start_method(
+    tmp_path: Path, method: str, kind: str, no_shm_leak: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KIND_ENV, kind)
     target = tmp_path / "rank0.bin"
     size = 5 * CHUNK + 12345
     seen: list[tuple[int, list[str]]] = []
@@ -81,7 +98,9 @@ async def test_bytes_through_each_start_method(tmp_path: Path, method: str, no_s
     assert target.read_bytes() == expected_bytes(size, CHUNK, 11)
     assert files_in(tmp_path) == ["rank0.bin"]
     pid, segments = seen[0]
-    assert len(segments) == 1  # the pool lived in shared memory during the save
+    assert len(segments) == 1 and segments[0].startswith(
+        "/memfd:" if kind == "memfd" else PREFIX
+    )  # pool in shared memory
     extra = result.metadata.extra
     assert extra["isolation"] == "process" and extra["mp_start_method"] == method
     assert extra["writer_pid"] == pid != os.getpid()
@@ -200,15 +219,19 @@ async def test_cancel_mid_save_stops_the_child(
     assert f"writer process pid {pids[0]} exited with code 0" in caplog.text
 
 
-def test_arena_unlinked_exactly_once_and_attachable() -> None:
-    arena = SharedArena(2 * 4096)
+@pytest.mark.parametrize("kind", ["memfd", "file"])
+def test_arena_released_exactly_once_and_attachable(kind: str) -> None:
+    arena = SharedArena(2 * 4096, kind)
+    assert arena.kind == kind and len(my_segments()) == 1
     child = SharedArena.attach(arena.path, arena.size)
     child[:5] = b"hello"
     assert arena.mmap[:5] == b"hello"
+    arena.close()  # the parent lets go first: the child's mapping stays valid
+    assert arena.released
+    child[5:10] = b"world"
+    assert child[:10] == b"helloworld"
     child.close()
-    assert Path(arena.path).exists()
-    arena.close()
-    assert not Path(arena.path).exists() and arena.unlinked
+    assert my_segments() == []
     arena.close()  # idempotent, no error for the missing name
 
 

@@ -75,7 +75,7 @@ class ProcessSink(Sink):
         self._closing = False
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
-        self._dead: WriterProcessError | None = None
+        self._dead: str | None = None  # why the writer is gone; each raise gets a fresh error
         self._exit_task: asyncio.Task[None] | None = None
         self._start_lock = asyncio.Lock()
         self._temp_path: str | None = None
@@ -102,7 +102,7 @@ class ProcessSink(Sink):
     async def _ensure_started(self) -> None:
         async with self._start_lock:
             if self._dead is not None:
-                raise self._dead
+                raise WriterProcessError(self._dead)
             if self._proc is not None:
                 return
             method = self.policy.start_method
@@ -125,8 +125,8 @@ class ProcessSink(Sink):
             try:
                 await start_process(proc)
             except Exception as exc:
-                self._dead = WriterProcessError(f"could not start the writer process ({method}): {exc}")
-                raise self._dead from exc
+                self._dead = f"could not start the writer process ({method}): {exc}"
+                raise WriterProcessError(self._dead) from exc
             finally:
                 child_conn.close()
             self._pid = proc.pid
@@ -182,21 +182,19 @@ class ProcessSink(Sink):
         assert self._proc is not None
         await run_blocking(self.executor, reap, self._proc, 5.0)
         if not self._closing:
-            self._fail(
-                WriterProcessError(f"writer process pid {self._proc.pid} {exit_text(self._proc.exitcode)}")
-            )
+            self._fail(f"writer process pid {self._proc.pid} {exit_text(self._proc.exitcode)}")
 
-    def _fail(self, err: WriterProcessError) -> None:
+    def _fail(self, why: str) -> None:
         if self._dead is None:
-            self._dead = err
-            log.error("%s", err)
+            self._dead = why
+            log.error("%s", why)
         for fut in self._pending.values():
             if not fut.done():
-                fut.set_exception(self._dead)
+                fut.set_exception(WriterProcessError(self._dead))
                 fut.exception()  # may have no waiter left; never "never retrieved"
 
-    async def _kill(self, err: WriterProcessError) -> None:
-        self._fail(err)
+    async def _kill(self, why: str) -> None:
+        self._fail(why)
         if self._proc is not None and self._proc.pid is not None:
             self._proc.kill()  # SIGKILL works on a stopped or hung process too
             await self._child_exited()  # the one place that reaps it
@@ -212,23 +210,22 @@ class ProcessSink(Sink):
         except OSError:  # the child is gone: wait for its exit status, for the message
             await self._child_exited()
             if self._dead is None:
-                self._fail(WriterProcessError(f"lost the pipe to writer process pid {self.pid}"))
+                self._fail(f"lost the pipe to writer process pid {self.pid}")
         if self._dead is not None:
-            raise self._dead
+            raise WriterProcessError(self._dead)
         try:
             return await asyncio.wait_for(fut, self.timeout)
         except TimeoutError:
-            err = WriterProcessError(
+            await self._kill(
                 f"writer process pid {self.pid} stalled: no reply to {msg[0]} within "
                 f"writer_timeout={self.timeout:g} s; killed it"
             )
-            await self._kill(err)
-            raise err from None
+            raise WriterProcessError(self._dead) from None
 
     async def _call(self, kind: str, *args: Any) -> Any:
         await self._ensure_started()
         if self._dead is not None:
-            raise self._dead
+            raise WriterProcessError(self._dead)
         rid = next(self._ids)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
@@ -268,7 +265,7 @@ class ProcessSink(Sink):
             await run_blocking(self.executor, reap, proc, min(self.timeout, 5.0))
             log.debug("writer process pid %s %s", proc.pid, exit_text(proc.exitcode))
         proc.close()
-        self._proc, self._dead = None, self._dead or WriterProcessError("writer process closed")
+        self._proc, self._dead = None, self._dead or "the writer process was closed"
 
     # -- the Sink interface ------------------------------------------------------------
     async def open(self, size: int) -> None:

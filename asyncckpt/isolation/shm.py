@@ -1,11 +1,18 @@
-"""A buffer pool in named shared memory that writer processes attach by name.
+"""A buffer pool in shared memory that writer processes (fork, forkserver, spawn) attach by path.
 
-We map our own file in ``/dev/shm`` instead of ``multiprocessing.shared_memory``: Python
-3.11 registers every *attachment* of a SharedMemory with the resource tracker, which then
-unlinks the segment when the attaching child exits (and warns, or unlinks twice). Here only
-the creating object unlinks, exactly once (``weakref.finalize`` runs at most once, also at
-interpreter exit if ``close`` was never called); a child only maps the file. The pages stay
-valid for every mapping after the unlink, so a child dying changes nothing.
+Two kinds, same interface:
+
+- ``memfd`` (Linux, the default): an anonymous ``memfd_create`` file. Children open it as
+  ``/proc/<parent pid>/fd/<fd>``. It has no name to unlink, so nothing can leak: the kernel
+  frees the pages when the last descriptor and mapping are gone, even if the parent is killed.
+- ``file``: a file in ``/dev/shm`` (tmpfs), for platforms without memfd or where
+  ``/proc/<pid>/fd`` is not reachable (``ASYNCCKPT_SHARED_MEMORY=file``). Only the creating
+  object unlinks it, exactly once (``weakref.finalize`` runs at most once, also at interpreter
+  exit); only a killed parent can leave it behind.
+
+Neither uses ``multiprocessing.shared_memory``: Python 3.11 registers every *attachment* of a
+SharedMemory with the resource tracker, which then unlinks the segment when an attaching child
+exits (and warns, or unlinks twice).
 """
 
 from __future__ import annotations
@@ -19,9 +26,12 @@ import uuid
 import weakref
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..pool import BufferPool
 
 PREFIX = "asyncckpt-"
+KIND_ENV = "ASYNCCKPT_SHARED_MEMORY"
+KINDS = ("auto", "memfd", "file")
 
 
 def shm_dir() -> Path:
@@ -30,20 +40,43 @@ def shm_dir() -> Path:
     return shm if shm.is_dir() else Path(tempfile.gettempdir())
 
 
-def _unlink(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+def resolve_kind(kind: str | None = None) -> str:
+    """``kind``, else ``ASYNCCKPT_SHARED_MEMORY``, else memfd where available, else file."""
+    value = (kind or os.environ.get(KIND_ENV, "") or "auto").strip().lower()
+    if value not in KINDS:
+        raise ConfigError(f"shared memory kind must be one of {', '.join(KINDS)}, got {value!r}")
+    has_memfd = hasattr(os, "memfd_create") and os.path.isdir(f"/proc/{os.getpid()}/fd")
+    if value == "memfd" and not has_memfd:
+        raise ConfigError("memfd shared memory needs Linux memfd_create and /proc; use 'file'")
+    return ("memfd" if has_memfd else "file") if value == "auto" else value
+
+
+def _release(fd: int, path: str | None) -> None:
+    """Close our descriptor and remove the name, if any; run at most once per arena."""
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    if path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 class SharedArena:
-    """``size`` bytes of shared memory, page-aligned, named ``asyncckpt-<pid>-<random>``."""
+    """``size`` bytes of page-aligned shared memory; children map it with :meth:`attach`."""
 
-    def __init__(self, size: int) -> None:
-        self.name = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        self.path = str(shm_dir() / self.name)
+    def __init__(self, size: int, kind: str | None = None) -> None:
+        self.kind = resolve_kind(kind)
         self.size = size
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        self._finalizer = weakref.finalize(self, _unlink, self.path)
+        label = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        if self.kind == "memfd":
+            fd = os.memfd_create(label, os.MFD_CLOEXEC)
+            self._memfd = fd
+            self._finalizer = weakref.finalize(self, _release, fd, None)  # keep fd: children open it
+        else:
+            self._memfd = -1
+            self._file = str(shm_dir() / label)
+            fd = os.open(self._file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            self._finalizer = weakref.finalize(self, _release, -1, self._file)
         try:
             os.ftruncate(fd, size)
             self.mmap = mmap.mmap(fd, size)
@@ -51,8 +84,14 @@ class SharedArena:
             self._finalizer()
             raise
         finally:
-            os.close(fd)
+            if self.kind == "file":
+                os.close(fd)
         self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.mmap))
+
+    @property
+    def path(self) -> str:
+        """What a child opens: the /dev/shm file, or our memfd through /proc (in this process)."""
+        return f"/proc/{os.getpid()}/fd/{self._memfd}" if self.kind == "memfd" else self._file
 
     @staticmethod
     def attach(path: str, size: int) -> mmap.mmap:
@@ -72,15 +111,13 @@ class SharedArena:
         return offset if offset >= 0 and offset + view.nbytes <= self.size else None
 
     @property
-    def unlinked(self) -> bool:
+    def released(self) -> bool:
+        """True once the name is unlinked (file) or our descriptor closed (memfd)."""
         return not self._finalizer.alive
 
-    def unlink(self) -> None:
-        """Remove the name; idempotent (mappings stay valid)."""
-        self._finalizer()
-
     def close(self) -> None:
-        self.unlink()
+        """Unmap and release; idempotent. Children's mappings stay valid until they unmap."""
+        self._finalizer()
         with contextlib.suppress(BufferError):  # a view is still referenced: unmapped when collected
             self.mmap.close()
 
@@ -88,8 +125,8 @@ class SharedArena:
 class SharedBufferPool(BufferPool):
     """A :class:`BufferPool` whose buffers live in a :class:`SharedArena`."""
 
-    def __init__(self, chunk_size: int, num_buffers: int) -> None:
-        self.arena = SharedArena(chunk_size * num_buffers)
+    def __init__(self, chunk_size: int, num_buffers: int, *, kind: str | None = None) -> None:
+        self.arena = SharedArena(chunk_size * num_buffers, kind)
         try:
             super().__init__(chunk_size, num_buffers, arena=self.arena.mmap)
         except BaseException:
