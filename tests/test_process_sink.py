@@ -10,8 +10,10 @@ import gc
 import logging
 import multiprocessing
 import os
+import select
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -245,3 +247,70 @@ def test_shared_pool_locates_its_buffers() -> None:
     finally:
         pool.close()
     assert not Path(pool.arena.path).exists()
+
+
+PARENT = """
+import asyncio, multiprocessing, sys
+from asyncckpt import AsyncCheckpointer
+
+def progress(n):
+    if not getattr(progress, "done", False):
+        progress.done = True
+        (child,) = [p for p in multiprocessing.active_children() if p.name == "asyncckpt-writer"]
+        print(child.pid, flush=True)
+        sys.stdin.readline()  # hold the save here until the test kills us
+
+async def main():
+    async with AsyncCheckpointer(
+        chunk_size=1 << 20, num_buffers=2, isolation="process", mp_start_method=sys.argv[2]
+    ) as ckpt:
+        await ckpt.save(sys.argv[1], 64 << 20, progress=progress)
+
+if __name__ == "__main__":
+    asyncio.run(main())
+"""
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_parent_killed_child_aborts_and_exits(tmp_path: Path, method: str) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    out = tmp_path / "out"
+    out.mkdir()
+    parent = subprocess.Popen(
+        [sys.executable, str(script), str(out / "x.bin"), method],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        ready = select.select([parent.stdout], [], [], 60)[0]
+        assert ready, "the parent never reached the middle of its save"
+        line = parent.stdout.readline()
+        assert line.strip().isdigit(), (line, parent.stderr.read() if parent.stderr else "")
+        child_pid = int(line)
+        assert len(files_in(out)) == 1  # the child's temporary file, mid-save
+    finally:
+        parent.kill()
+        parent.wait()
+        for pipe in (parent.stdin, parent.stdout, parent.stderr):
+            if pipe is not None:
+                pipe.close()  # not communicate(): a surviving child would hold the pipes open
+    exited = _wait_exit(child_pid, 10)
+    if not exited:
+        os.kill(child_pid, signal.SIGKILL)  # leave nothing behind, then fail
+    assert exited, f"writer pid {child_pid} outlived its killed parent"
+    assert files_in(out) == []  # on EOF the child aborted: temporary file removed
