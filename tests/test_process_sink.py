@@ -16,13 +16,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from asyncckpt import AsyncCheckpointer, DirectIOError, WriterProcessError
+from asyncckpt.isolation import ProcessSink, resolve_policy
 from asyncckpt.isolation.shm import KIND_ENV, PREFIX, SharedArena, SharedBufferPool, shm_dir
 from asyncckpt.report import format_result
+from asyncckpt.sinks import SinkOptions
 from asyncckpt.units import MiB
 
 from .conftest import expected_bytes, files_in
@@ -314,3 +317,33 @@ def test_parent_killed_child_aborts_and_exits(tmp_path: Path, method: str) -> No
         os.kill(child_pid, signal.SIGKILL)  # leave nothing behind, then fail
     assert exited, f"writer pid {child_pid} outlived its killed parent"
     assert files_in(out) == []  # on EOF the child aborted: temporary file removed
+
+
+async def test_read_size_delete_through_the_child(tmp_path: Path) -> None:
+    target = tmp_path / "r.bin"
+    size = 2 * CHUNK + 77
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=9) as ckpt:
+        await ckpt.save(target, size)
+    want = expected_bytes(size, CHUNK, 9)
+    policy = resolve_policy("file", isolation="process", mp_start_method="forkserver")
+    pool = SharedBufferPool(CHUNK, 2)
+    with ThreadPoolExecutor(4) as executor:
+        sink = ProcessSink(
+            str(target), executor=executor, options=SinkOptions(), backend=None, policy=policy, timeout=30
+        )
+        sink.attach_arena(pool.arena)
+        try:
+            assert await sink.size() == size
+            buf = pool.buffers[1].view  # in the arena: the child reads straight into it
+            assert await sink.read_into(CHUNK, buf) == CHUNK
+            assert bytes(buf) == want[CHUNK : 2 * CHUNK]
+            private = bytearray(3 * CHUNK)  # not shared: comes back through the pipe in pieces
+            assert await sink.read_into(0, memoryview(private)) == size
+            assert bytes(private[:size]) == want
+            await sink.delete()
+            assert not target.exists()
+        finally:
+            await sink.aclose()
+            pool.close()
+    assert sink.pid is not None
+    assert_gone(sink.pid)

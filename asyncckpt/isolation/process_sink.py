@@ -18,7 +18,7 @@ import logging
 import multiprocessing
 import os
 import pickle
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -46,7 +46,7 @@ class ProcessSink(Sink):
         self,
         uri: str,
         *,
-        executor: Any,
+        executor: Executor,
         options: SinkOptions,
         backend: str | None,
         policy: WriterPolicy,
