@@ -120,3 +120,19 @@ def test_bench_cli_passes_isolation_through() -> None:
         plan_from_args(
             build_parser().parse_args(["/tmp/x", "--backend", "s3dlio", "--mp-start-method", "fork"])
         )
+
+
+def test_forkserver_preload_is_appended_once() -> None:
+    from multiprocessing import forkserver
+
+    from asyncckpt.isolation._proc import CHILD_MODULE, preload_in_forkserver
+
+    server = forkserver._forkserver  # type: ignore[attr-defined]
+    saved = list(server._preload_modules)
+    try:
+        forkserver.set_forkserver_preload(["__main__", "json"])  # an application's own list
+        preload_in_forkserver()
+        preload_in_forkserver()
+        assert server._preload_modules == ["__main__", "json", CHILD_MODULE]
+    finally:
+        forkserver.set_forkserver_preload(saved)

@@ -28,7 +28,7 @@ from ..errors import ConfigError, WriterProcessError
 from ..sinks import BACKENDS, make_sink, resolve_backend
 from ..sinks.base import Sink, SinkOptions
 from . import child
-from ._proc import exit_text, reap, start_process
+from ._proc import exit_text, preload_in_forkserver, reap, start_process
 from .policy import LOCAL_BACKENDS, WriterPolicy
 from .shm import SharedArena
 
@@ -106,6 +106,8 @@ class ProcessSink(Sink):
             if self._proc is not None:
                 return
             method = self.policy.start_method
+            if method == "forkserver":
+                preload_in_forkserver()
             ctx: Any = multiprocessing.get_context(method)  # typeshed's BaseContext lacks Process
             parent_conn, child_conn = ctx.Pipe(duplex=True)
             spec = child.ChildSpec(
