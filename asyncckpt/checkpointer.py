@@ -78,8 +78,8 @@ class AsyncCheckpointer:
         return self._executor
 
     async def _ensure_pool(self, shared: bool = False) -> BufferPool:
-        if self._pool is not None and isinstance(self._pool, SharedBufferPool) != shared:
-            self._pool.close()  # isolation changed between saves: shared memory or not
+        if shared and self._pool is not None and not isinstance(self._pool, SharedBufferPool):
+            self._pool.close()  # a writer process needs the pool in shared memory; it stays there
             self._pool = None
         if self._pool is None:
             cls = SharedBufferPool if shared else BufferPool

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import multiprocessing
@@ -347,3 +348,17 @@ async def test_read_size_delete_through_the_child(tmp_path: Path) -> None:
             pool.close()
     assert sink.pid is not None
     assert_gone(sink.pid)
+
+
+async def test_pool_moves_to_shared_memory_once(tmp_path: Path, no_shm_leak: None) -> None:
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=4) as ckpt:
+        await ckpt.save(tmp_path / "a.bin", CHUNK)  # in-process: private pool
+        assert my_segments() == []
+        ckpt.config = dataclasses.replace(ckpt.config, isolation="process")
+        await ckpt.save(tmp_path / "b.bin", CHUNK)
+        shared = my_segments()
+        assert len(shared) == 1
+        ckpt.config = dataclasses.replace(ckpt.config, isolation="none")
+        result = await ckpt.save(tmp_path / "c.bin", 2 * CHUNK)  # in-process, same shared pool
+        assert my_segments() == shared and result.metadata.extra["isolation"] == "none"
+    assert (tmp_path / "c.bin").read_bytes() == expected_bytes(2 * CHUNK, CHUNK, 4)
