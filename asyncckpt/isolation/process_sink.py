@@ -131,7 +131,7 @@ class ProcessSink(Sink):
                 raise WriterProcessError(self._dead) from exc
             finally:
                 child_conn.close()
-            self._pid = proc.pid
+                self._pid = proc.pid
             asyncio.get_running_loop().add_reader(parent_conn.fileno(), self._on_readable)
             self._reading = True
             log.info(
