@@ -11,7 +11,8 @@ from typing import Any
 
 from .config import CheckpointConfig, validate_size
 from .errors import ConfigError
-from .isolation import ProcessSink, SharedBufferPool, resolve_policy
+from .isolation import SharedBufferPool, resolve_policy
+from .isolation.process_sink import ProcessSink
 from .metrics import RunMetadata, SaveResult, busy_time, label_chunks, percentiles
 from .monitor import LoopMonitor, now
 from .pipeline import PipelineTimes, ProgressFn, stream, write_preallocated
