@@ -11,6 +11,8 @@ from typing import Any
 
 from .config import CheckpointConfig, validate_size
 from .errors import ConfigError
+from .isolation import SharedBufferPool, resolve_policy
+from .isolation.process_sink import ProcessSink
 from .load_api import LoadsMixin
 from .manifest import build_manifest, manifest_uri, write_manifest
 from .metrics import RunMetadata, SaveResult, busy_time, label_chunks, percentiles
@@ -18,7 +20,7 @@ from .monitor import LoopMonitor, now
 from .pipeline import PipelineTimes, ProgressFn, stream, write_preallocated
 from .pool import BufferPool
 from .runinfo import environment_facts
-from .sinks import SinkOptions, make_sink
+from .sinks import SinkOptions, make_sink, resolve_backend
 from .sinks.base import Sink
 from .sources import CallerData, make_source
 from .sources.base import Source
@@ -78,9 +80,13 @@ class AsyncCheckpointer(LoadsMixin):
             )
         return self._executor
 
-    async def _ensure_pool(self) -> BufferPool:
+    async def _ensure_pool(self, shared: bool = False) -> BufferPool:
+        if shared and self._pool is not None and not isinstance(self._pool, SharedBufferPool):
+            self._pool.close()  # a writer process needs the pool in shared memory; it stays there
+            self._pool = None
         if self._pool is None:
-            pool = BufferPool(self.config.chunk_size, self.config.num_buffers)
+            cls = SharedBufferPool if shared else BufferPool
+            pool = cls(self.config.chunk_size, self.config.num_buffers)
             await asyncio.get_running_loop().run_in_executor(self._ensure_executor(), pool.touch)
             self._pool = pool
         return self._pool
@@ -105,6 +111,22 @@ class AsyncCheckpointer(LoadsMixin):
             chunk_size=self.config.chunk_size,
             extra=dict(self.config.backend_options),
         )
+        cfg = self.config
+        policy = resolve_policy(
+            resolve_backend(os.fspath(uri), cfg.backend),
+            isolation=cfg.isolation,
+            mp_start_method=cfg.mp_start_method,
+        )
+        if policy.isolation == "process":
+            return ProcessSink(
+                os.fspath(uri),
+                backend=cfg.backend,
+                executor=self._ensure_executor(),
+                options=options,
+                policy=policy,
+                timeout=cfg.writer_timeout,
+                child_threads=cfg.num_buffers + 2,
+            )
         return make_sink(
             os.fspath(uri), backend=self.config.backend, executor=self._ensure_executor(), options=options
         )
@@ -162,9 +184,12 @@ class AsyncCheckpointer(LoadsMixin):
     ) -> SaveResult:
         executor = self._ensure_executor()
         in_flight = self.config.max_in_flight or min(sink.default_in_flight, self.config.num_buffers)
-        pool = await self._ensure_pool() if method == "streaming" else None
+        isolated = isinstance(sink, ProcessSink)
+        pool = await self._ensure_pool(shared=isolated) if method == "streaming" else None
         if pool is not None:
             pool.reset_stats()
+            if isinstance(sink, ProcessSink) and isinstance(pool, SharedBufferPool):
+                sink.attach_arena(pool.arena)  # chunks travel to the writer as arena offsets
         async with LoopMonitor(self.config.monitor_interval) as monitor:
             t0 = now()
             await sink.open(size)
@@ -255,6 +280,7 @@ class AsyncCheckpointer(LoadsMixin):
         recs = times.records
         counts = label_chunks(recs, in_flight)
         src, snk = source.describe(), sink.describe()
+        snk.setdefault("isolation", "none")
         cfg, budget = self.config, self._budget
         meta = RunMetadata(
             backend=sink.backend,

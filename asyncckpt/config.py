@@ -7,6 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
+from .isolation.policy import (
+    ISOLATIONS,
+    START_METHODS,
+    requested_start_method,
+    resolve_policy,
+    validate_choice,
+)
 from .units import MiB
 
 DATA_GEN_ENV = "ASYNCCKPT_DATA_GEN"
@@ -51,6 +58,11 @@ class CheckpointConfig:
     backend: str | None = None  # None: chosen from the URI scheme
     monitor_interval: float = 0.005
     backend_options: dict[str, Any] = field(default_factory=dict)
+    # writer-process isolation: "auto" isolates s3dlio only; see asyncckpt.isolation.policy
+    isolation: str = "auto"
+    # None: ASYNCCKPT_MP_START_METHOD, else MLPS_CHECKPOINT_MP_START_METHOD, else "auto"
+    mp_start_method: str | None = None
+    writer_timeout: float = 300.0  # longest a writer process may take to answer one request
 
     def __post_init__(self) -> None:
         _positive_int("chunk_size", self.chunk_size, ALIGN)
@@ -76,6 +88,16 @@ class CheckpointConfig:
                 )
         if not (0 < self.monitor_interval <= 1):
             raise ConfigError(f"monitor_interval must be in (0, 1] s, got {self.monitor_interval!r}")
+        validate_choice("isolation", self.isolation, ISOLATIONS)
+        if self.mp_start_method is not None:
+            validate_choice("mp_start_method", self.mp_start_method, START_METHODS)
+        requested_start_method(self.mp_start_method)  # a bad env value fails here, not mid-run
+        if isinstance(self.writer_timeout, bool) or not isinstance(self.writer_timeout, (int, float)):
+            raise ConfigError(f"writer_timeout must be a number of seconds, got {self.writer_timeout!r}")
+        if not self.writer_timeout > 0:
+            raise ConfigError(f"writer_timeout must be > 0 s, got {self.writer_timeout!r}")
+        if self.backend is not None:  # e.g. fork for an object store: refused before any I/O
+            resolve_policy(self.backend, isolation=self.isolation, mp_start_method=self.mp_start_method)
 
     @property
     def pool_bytes(self) -> int:

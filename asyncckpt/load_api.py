@@ -16,6 +16,8 @@ from typing import Any
 from ._blocking import run_blocking
 from .config import ALIGN, CheckpointConfig
 from .errors import ConfigError
+from .isolation import SharedBufferPool
+from .isolation.process_sink import ProcessSink
 from .loader import LoadState, check_size, identity_note, label_loads, stream_views, verify_mode
 from .manifest import manifest_uri, read_manifest
 from .metrics import RunMetadata, SaveResult, busy_time, percentiles
@@ -90,7 +92,7 @@ class LoadsMixin:
     def _ensure_executor(self) -> ThreadPoolExecutor:
         raise NotImplementedError
 
-    async def _ensure_pool(self) -> BufferPool:
+    async def _ensure_pool(self, shared: bool = False) -> BufferPool:
         raise NotImplementedError
 
     async def load(
@@ -183,7 +185,10 @@ class LoadsMixin:
         verifier: Verifier | None = None
         try:
             async with self._lock:
-                pool = await self._ensure_pool()
+                isolated = isinstance(sink, ProcessSink)
+                pool = await self._ensure_pool(shared=isolated)
+                if isinstance(sink, ProcessSink) and isinstance(pool, SharedBufferPool):
+                    sink.attach_arena(pool.arena)  # reads land in the arena, not in pipe messages
                 pool.reset_stats()
                 executor = self._ensure_executor()
                 async with LoopMonitor(self.config.monitor_interval) as monitor:

@@ -66,6 +66,7 @@ def format_result(r: SaveResult) -> str:
         f"Memory:            peak RSS {mib(r.peak_rss_bytes)} "
         f"(+{mib(r.peak_rss_bytes - r.baseline_rss_bytes)} during the run); pool {mib(m.pool_bytes)}",
         f"Direct I/O:        {direct} — {m.direct_io_reason}; fsync {'on' if m.fsync else 'off'}",
+        f"Writer:            {_writer(m.extra)}",
         f"Generator:         {gen}",
         f"Ranks on node:     {m.local_ranks} (from {m.local_ranks_source}); usable CPUs {m.usable_cpus}",
         f"Host:              {m.hostname}, Python {m.python}",
@@ -106,6 +107,16 @@ def format_load(r: SaveResult) -> str:
     if "identity_note" in x:
         lines.insert(-1, f"Note:              {x['identity_note']}")
     return "\n".join(lines)
+
+
+def _writer(extra: Mapping[str, object]) -> str:
+    """Where the sink ran: in-process, or which writer process and why."""
+    if extra.get("isolation") != "process":
+        return "in-process"
+    return (
+        f"process pid {extra.get('writer_pid')}, {extra.get('mp_start_method')} "
+        f"(from {extra.get('mp_start_method_source')}); {extra.get('isolation_reason')}"
+    )
 
 
 def _ratio(value: float | None) -> str:

@@ -78,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the written checkpoint")
     add_load_arguments(p)
     p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto")
+    p.add_argument("--isolation", choices=("auto", "process", "none"), default="auto", help="writer process")
+    p.add_argument(
+        "--mp-start-method",
+        choices=("auto", "fork", "forkserver", "spawn"),
+        default=None,
+        help="writer start method (default: ASYNCCKPT_MP_START_METHOD, else auto)",
+    )
+    p.add_argument("--writer-timeout", type=float, default=None, help="seconds a writer may take per request")
     p.add_argument("--json", type=Path, default=None, help="also write results as JSON to FILE")
     p.add_argument("--records", action="store_true", help="include per-chunk records in the JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary table")
@@ -108,6 +116,10 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         options["generator"] = args.generator
     if args.seed is not None:
         options["seed"] = args.seed
+    options["isolation"] = args.isolation
+    options["mp_start_method"] = args.mp_start_method
+    if args.writer_timeout is not None:
+        options["writer_timeout"] = args.writer_timeout
     config = CheckpointConfig(**options)
     methods = ("streaming", "preallocate") if args.method == "both" else (args.method,)
     load = load_plan_from_args(args, config)

@@ -80,6 +80,11 @@ class FileSink(Sink):
         self._rreason = ""
         self._identity: dict[str, int] = {}
 
+    @property
+    def temp_path(self) -> Path | None:
+        """The temporary file being written (so a supervisor can remove it if we die)."""
+        return self._tmp
+
     def check(self) -> None:
         parent = self.path.parent
         if not parent.exists():

@@ -1,0 +1,220 @@
+"""The writer process: one event loop serving one sink, driven over a pipe by ProcessSink.
+
+Requests are ``(kind, request_id, *args)``; each runs as its own task so writes overlap up
+to the parent's ``max_in_flight``, and each is answered ``("ok", id, value)`` or
+``("err", id, packed_exception)``. Chunk data is never sent: ``write`` names an offset in
+the shared arena. If the parent vanishes (EOF) the write in progress is aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import mmap
+import os
+import pickle
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..sinks import make_sink
+from ..sinks.base import Sink, SinkOptions
+from .shm import SharedArena
+
+Packed = tuple[str, Any, str]
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """Everything the child needs, picklable for spawn and forkserver."""
+
+    uri: str
+    backend: str
+    options: SinkOptions
+    arena_path: str | None
+    arena_size: int
+    threads: int
+    close_fds: tuple[int, ...] = ()  # fork only: the parent's end of the pipe
+    # the parent's environment and directory *now*: a forkserver child would otherwise see
+    # those of the moment the server started (stale AWS_* variables, another .env)
+    environ: dict[str, str] | None = field(default=None, repr=False)  # holds secrets
+    cwd: str | None = None
+
+
+def pack_error(exc: BaseException) -> Packed:
+    """The exception itself when it survives pickling, else its type name and message."""
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+        return ("pickle", data, "")
+    except Exception:
+        return ("text", type(exc).__qualname__, str(exc))
+
+
+def main(conn: Connection, spec: ChildSpec) -> None:
+    """Process entry point (must be importable by name for spawn/forkserver)."""
+    for fd in spec.close_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    if spec.environ is not None:
+        os.environ.clear()
+        os.environ.update(spec.environ)
+    if spec.cwd is not None:
+        with contextlib.suppress(OSError):
+            os.chdir(spec.cwd)
+    # Ctrl-C reaches the whole process group; the parent decides how the save ends
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    asyncio.run(_Server(conn, spec).serve())
+
+
+class _Server:
+    def __init__(self, conn: Connection, spec: ChildSpec) -> None:
+        self.conn = conn
+        self.spec = spec
+        self.executor = ThreadPoolExecutor(spec.threads, thread_name_prefix="asyncckpt-child")
+        self.arena = SharedArena.attach(spec.arena_path, spec.arena_size) if spec.arena_path else None
+        self.view = memoryview(self.arena) if self.arena is not None else None
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._sink: Sink | None = None
+        self._setup_error: BaseException | None = None
+        try:
+            self._sink = make_sink(
+                spec.uri, backend=spec.backend, executor=self.executor, options=spec.options
+            )
+        except BaseException as exc:
+            self._setup_error = exc
+
+    @property
+    def sink(self) -> Sink:
+        if self._sink is None:
+            assert self._setup_error is not None
+            raise self._setup_error
+        return self._sink
+
+    def reply(self, msg: tuple[Any, ...]) -> None:
+        with contextlib.suppress(OSError):  # the parent is gone: nobody to tell
+            self.conn.send(msg)
+
+    def _read_pipe(self, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue[Any]) -> None:
+        while True:
+            try:
+                msg: Any = self.conn.recv()
+            except (EOFError, OSError):
+                msg = None
+            loop.call_soon_threadsafe(inbox.put_nowait, msg)
+            if msg is None or msg[0] == "close":
+                return
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[Any] = asyncio.Queue()
+        threading.Thread(target=self._read_pipe, args=(loop, inbox), daemon=True).start()
+        try:
+            while True:
+                msg = await inbox.get()
+                if msg is None:  # parent gone: abandon the object
+                    await self._settle(cancel=True)
+                    if self._sink is not None:
+                        await self._sink.abort()
+                    return
+                kind, rid, *args = msg
+                if kind in ("abort", "close"):
+                    await self._settle(cancel=kind == "abort")
+                    await self._handle(kind, rid, args)
+                    if kind == "close":
+                        return
+                else:
+                    task = asyncio.create_task(self._handle(kind, rid, args))
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
+        finally:
+            if self._sink is not None:
+                await self._sink.aclose()
+            self.executor.shutdown(wait=True)
+            if self.view is not None:
+                self.view.release()
+            if self.arena is not None:
+                self.arena.close()
+            self.conn.close()
+
+    async def _settle(self, *, cancel: bool) -> None:
+        """Let in-flight requests finish (or cancel them; sinks wait for their threads)."""
+        if cancel:
+            for task in self.tasks:
+                task.cancel()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks))
+
+    async def _handle(self, kind: str, rid: int, args: list[Any]) -> None:
+        try:
+            result = await getattr(self, f"do_{kind}")(*args)
+        except asyncio.CancelledError:
+            self.reply(("err", rid, pack_error(RuntimeError(f"{kind} cancelled by abort"))))
+        except BaseException as exc:
+            self.reply(("err", rid, pack_error(exc)))
+        else:
+            self.reply(("ok", rid, result))
+
+    # -- requests ----------------------------------------------------------------------
+    async def do_open(self, size: int) -> dict[str, Any]:
+        self.sink.check()
+        await self.sink.open(size)
+        temp = getattr(self.sink, "temp_path", None)
+        return {"temp_path": os.fspath(temp) if temp is not None else None, "describe": self.sink.describe()}
+
+    async def do_write(self, offset: int, at: int, length: int) -> float:
+        assert self.view is not None, "write from the arena without an arena"
+        return await self.do_write_view(offset, self.view[at : at + length])
+
+    async def do_write_inline(self, offset: int, data: bytes) -> float:
+        scratch = mmap.mmap(-1, max(len(data), 1))  # page-aligned, as O_DIRECT needs
+        view = memoryview(scratch)[: len(data)]
+        try:
+            view[:] = data
+            return await self.do_write_view(offset, view)
+        finally:
+            view.release()
+            scratch.close()
+
+    async def do_write_view(self, offset: int, view: memoryview) -> float:
+        start = time.perf_counter()
+        inner = await self.sink.write_part(offset, view)
+        return inner if inner is not None else time.perf_counter() - start
+
+    async def do_complete(self) -> tuple[dict[str, float], dict[str, Any]]:
+        timings = await self.sink.complete()
+        return timings, self.sink.describe()
+
+    async def do_abort(self) -> None:
+        if self._sink is not None:
+            await self._sink.abort()
+
+    async def do_close(self) -> None:
+        return None  # serve() closes the sink on the way out
+
+    async def do_read(self, offset: int, at: int, length: int) -> int:
+        assert self.view is not None, "read into the arena without an arena"
+        return await self.sink.read_into(offset, self.view[at : at + length])
+
+    async def do_read_inline(self, offset: int, length: int) -> bytes:
+        scratch = mmap.mmap(-1, max(length, 1))
+        view = memoryview(scratch)[:length]
+        try:
+            n = await self.sink.read_into(offset, view)
+            return bytes(view[:n])
+        finally:
+            view.release()
+            scratch.close()
+
+    async def do_size(self) -> int:
+        return await self.sink.size()
+
+    async def do_delete(self) -> None:
+        await self.sink.delete()
+
+    async def do_describe(self) -> dict[str, Any]:
+        return self.sink.describe()
