@@ -9,11 +9,12 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import dgen_py
 import pytest
 
-import dgen_py
-
 SLOW_CALLBACK_S = 0.1
+
+pytest_plugins = ["tests.plugins.s3servers"]
 
 
 @pytest.fixture(autouse=True)

@@ -196,7 +196,6 @@ class SwiftServer:
                     self.devices,
                 ]
             )
-            self.pids["tmpfs"] = 0
         (self.devices / "d1").mkdir()
         _check_xattrs(self.devices / "d1")
         ports = dict(zip(("memcached", *SERVERS), free_ports(1 + len(SERVERS)), strict=True))
@@ -237,10 +236,10 @@ class SwiftServer:
         self.pids[name] = proc.pid
 
     def _check_alive(self, logs: Path) -> None:
-        for proc in self._procs:
+        for name, proc in zip(self.pids, self._procs, strict=True):
             if proc.poll() is not None:
                 raise EmbeddedServerError(
-                    f"{proc.args[0]} exited with {proc.returncode} during start; logs: {self._tail(logs)}"
+                    f"{name} exited with {proc.returncode} during start; logs: {self._tail(logs)}"
                 )
 
     @staticmethod
@@ -271,7 +270,7 @@ def stop_state(state: dict[str, Any]) -> None:
         if pids.get(name):
             kill_session(pids[name], str(root))
     devices = root / "srv"
-    if "tmpfs" in pids and os.path.ismount(devices):
+    if os.path.ismount(devices):  # our tmpfs (the directory is ours, inside our temp dir)
         subprocess.run(["umount", str(devices)], check=False, capture_output=True)
     if os.path.ismount(devices):
         raise EmbeddedServerError(f"could not unmount {devices}; remove it by hand")
