@@ -213,3 +213,28 @@ def test_unavailable_swift_is_skipped_with_reason_or_fails_when_asked(
     for _ in range(2):  # remembered: the second use does not retry
         with pytest.raises(outcome, match="cannot install them here"):
             servers.get("swift")
+
+
+# --- the bench CLI starts and stops an embedded server ---
+
+
+@pytest.mark.parametrize("kind", ["moto", "swift"])
+def test_bench_embedded_s3_starts_server_and_bucket_then_stops(
+    request: pytest.FixtureRequest, kind: str
+) -> None:
+    if kind == "swift":
+        request.getfixturevalue("swift_endpoint")  # skip with the reason when Swift is unavailable
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncckpt.bench", "--embedded-s3", kind, "--size", "8MiB", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = next(x for x in done.stderr.splitlines() if f"embedded {kind} S3 server at" in x)
+    endpoint = line.split(" at ")[1].split(",")[0]
+    assert "bucket asyncckpt-bench" in line
+    assert refused(endpoint)  # stopped at exit, whatever the run's outcome
+    # without merged S3 backends the run stops at the s3:// target with a clear error
+    assert done.returncode == 0 or "s3" in done.stderr, done.stderr
+    for secret in (SECRET_KEY, "moto-test-secret"):
+        assert secret not in done.stdout + done.stderr
