@@ -16,6 +16,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from asyncckpt.bench import embedded_swift
 from asyncckpt.bench.embedded_swift import SECRET_KEY, SwiftServer, SwiftUnavailableError, _group_members
 from asyncckpt.bench.s3endpoint import S3Endpoint
 from asyncckpt.sinks.s3compat import QUIRKS
@@ -49,6 +50,27 @@ def test_start_stop_leaves_nothing(swift_endpoint: S3Endpoint) -> None:
     assert_gone(pids, root, ep.endpoint)
     server.stop()  # idempotent
     assert swift_endpoint.ready()  # the session's server was not touched
+
+
+def test_start_retries_when_a_chosen_port_is_taken(
+    swift_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ports are picked before the servers bind them; losing that race must not fail a start."""
+    real, picks = embedded_swift.free_ports, []
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+
+        def racy(n: int) -> list[int]:
+            ports = real(n)
+            if not picks:
+                ports[-1] = busy.getsockname()[1]  # the proxy's port is taken
+            picks.append(ports)
+            return ports
+
+        monkeypatch.setattr(embedded_swift, "free_ports", racy)
+        with SwiftServer() as ep:
+            assert ep.ready() and len(picks) == 2
 
 
 def test_cli_start_is_idempotent_and_stop_cleans_up(swift_endpoint: S3Endpoint, tmp_path: Path) -> None:

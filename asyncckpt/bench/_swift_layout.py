@@ -45,7 +45,7 @@ def render_configs(
 
     def default(name: str, n: int) -> str:
         return (
-            f"[DEFAULT]\nbind_ip = 127.0.0.1\nbind_port = {ports[name]}\nworkers = {n}\n"
+            f"[DEFAULT]\nbind_ip = 127.0.0.1\nbind_port = {ports[name]}\nbind_timeout = 1\nworkers = {n}\n"
             f"swift_dir = {etc}\ndevices = {devices}\nmount_check = false\nuser = {user}\n"
             f"log_level = {log_level}\nlog_name = {name}\n\n"
         )

@@ -172,12 +172,22 @@ class SwiftServer:
         if self.tmpfs_size is not None and os.geteuid() != 0:
             raise SwiftUnavailableError("a tmpfs data dir (tmpfs_size) needs root to mount")
         ensure_installed(self.install)
-        self.root = Path(tempfile.mkdtemp(prefix="asyncckpt-swift-"))
-        try:
-            return self._launch(timeout)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(3):
+            self.root = Path(tempfile.mkdtemp(prefix="asyncckpt-swift-"))
+            try:
+                return self._launch(timeout)
+            except EmbeddedServerError as exc:
+                self.stop()
+                # the free ports were picked before binding: another process may take one first
+                if (
+                    not any(m in str(exc) for m in ("Address already in use", "Could not bind"))
+                    or attempt == 2
+                ):
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def _launch(self, timeout: float) -> S3Endpoint:
         assert self.root is not None
