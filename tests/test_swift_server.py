@@ -24,7 +24,6 @@ from tests.plugins import s3servers
 from tests.plugins.s3servers import boto3_client
 
 MiB = 1 << 20
-pytestmark = pytest.mark.realstore
 
 
 def refused(endpoint: str) -> bool:

@@ -14,6 +14,7 @@ Interface — what S3 suites rely on (registered in tests/conftest.py via ``pyte
   -> str`` (a fresh unique bucket), ``request()`` (a signed raw request). Any test or fixture
   that uses ``s3_endpoint`` (directly or through another fixture) runs once per server.
   Swift cases carry the ``realstore`` marker (``-m "not realstore"`` leaves them out).
+  A test needing a server that ``--s3-server`` excludes is skipped with that reason.
 - ``s3_bucket``: a fresh bucket on ``s3_endpoint``. ``s3_client``: a boto3 client for it
   (path style, one attempt, Swift's DeleteObjects workaround registered) to verify results.
 - ``swift_endpoint`` / ``moto_endpoint``: one server only (session scope).
@@ -58,10 +59,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("s3_endpoint", kinds, indirect=True, scope="session", ids=kinds)
 
 
+SWIFT_FIXTURES = {"swift_endpoint", "swift_small_disk"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         callspec = getattr(item, "callspec", None)
-        if callspec is not None and callspec.params.get("s3_endpoint") == "swift":
+        uses_swift = SWIFT_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if uses_swift or (callspec is not None and callspec.params.get("s3_endpoint") == "swift"):
             item.add_marker(pytest.mark.realstore)
 
 
@@ -77,6 +82,10 @@ class _Servers:
     def get(self, kind: str) -> S3Endpoint:
         if kind in self.started:
             return self.started[kind]
+        if kind not in selected_kinds(self.config):
+            pytest.skip(
+                f"needs the {kind} S3 server, excluded by --s3-server={self.config.getoption('--s3-server')}"
+            )
         if kind == "swift" and self.unavailable is None:
             try:
                 self.started[kind] = self.stack.enter_context(SwiftServer())
