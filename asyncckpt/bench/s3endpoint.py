@@ -117,6 +117,22 @@ class S3Endpoint:
             "region_name": self.region,
         }
 
+    def client(self, key_id: str | None = None, secret: str | None = None, **config: Any) -> Any:
+        """A boto3 client (path style, one attempt, Swift workarounds registered) to verify results.
+
+        Needs boto3 (the ``test`` extra); ``config`` goes to ``botocore.config.Config``.
+        """
+        import boto3  # type: ignore[import-untyped]
+        from botocore.config import Config
+
+        from ..sinks.s3compat import register_s3compat
+
+        cfg = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, **config)
+        kwargs = self.client_kwargs()
+        kwargs["aws_access_key_id"] = key_id or self.access_key
+        kwargs["aws_secret_access_key"] = secret or self.secret_key
+        return register_s3compat(boto3.client("s3", config=cfg, **kwargs))
+
     def request(
         self,
         method: str,

@@ -22,7 +22,8 @@ QUIRKS: dict[str, str] = {
     "delete-objects-needs-md5": (
         "DeleteObjects without Content-MD5 fails with InvalidRequest 'Missing required header for this "
         "request: Content-MD5' (botocore >= 1.36 sends a CRC32 instead): register add_content_md5 "
-        "(see register_s3compat) or delete keys one by one"
+        "(see register_s3compat) or delete keys one by one. s3dlio 0.10 delete() also uses DeleteObjects "
+        "without Content-MD5 and fails on Swift the same way"
     ),
     "no-partnumber-get": (
         "GET/HEAD with PartNumber= is refused with 405 MethodNotAllowed: read parts with Range GETs"

@@ -10,8 +10,11 @@ Interface — what S3 suites rely on (registered in tests/conftest.py via ``pyte
   an :class:`asyncckpt.bench.s3endpoint.S3Endpoint` with ``kind``, ``endpoint``,
   ``access_key``, ``secret_key``, ``region``, ``quirks`` (how it differs from AWS, keys of
   :data:`asyncckpt.sinks.s3compat.QUIRKS`) and ``env()`` (AWS_* variables), ``options(**extra)``
-  (S3 ``backend_options``), ``client_kwargs()`` (for boto3/aiobotocore), ``create_bucket(name=None)
-  -> str`` (a fresh unique bucket), ``request()`` (a signed raw request). Any test or fixture
+  (S3 ``backend_options``), ``client_kwargs()`` (for boto3/aiobotocore), ``client()`` (a boto3
+  client, path style, one attempt, Swift workarounds), ``create_bucket(name=None) -> str`` (a
+  fresh unique bucket), ``request()`` (a signed raw request). ``endpoint``/``env()``/``options()``
+  /``client()``/``create_bucket(name)`` match the S3 branch's ``tests/s3_server.MotoS3``, so its
+  fixtures can take an ``S3Endpoint`` instead. Any test or fixture
   that uses ``s3_endpoint`` (directly or through another fixture) runs once per server.
   Swift cases carry the ``realstore`` marker (``-m "not realstore"`` leaves them out).
   A test needing a server that ``--s3-server`` excludes is skipped with that reason.
@@ -109,7 +112,13 @@ def _s3_servers(pytestconfig: pytest.Config) -> Iterator[_Servers]:
 
 @pytest.fixture(scope="session")
 def s3_endpoint(request: pytest.FixtureRequest, _s3_servers: _Servers) -> S3Endpoint:
-    return _s3_servers.get(request.param)
+    kind = getattr(request, "param", None)
+    if kind is None:
+        pytest.fail(
+            "s3_endpoint was requested dynamically (getfixturevalue), so it is not parametrized by "
+            "server: add pytestmark = pytest.mark.usefixtures('s3_endpoint') to the test module"
+        )
+    return _s3_servers.get(kind)
 
 
 @pytest.fixture(scope="session")
@@ -129,13 +138,7 @@ def s3_bucket(s3_endpoint: S3Endpoint) -> str:
 
 def boto3_client(ep: S3Endpoint, **config: Any) -> Any:
     """A boto3 S3 client for ``ep``: path style, one attempt, Swift workarounds registered."""
-    import boto3
-    from botocore.config import Config
-
-    from asyncckpt.sinks.s3compat import register_s3compat
-
-    cfg = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, **config)
-    return register_s3compat(boto3.client("s3", config=cfg, **ep.client_kwargs()))
+    return ep.client(**config)
 
 
 @pytest.fixture
