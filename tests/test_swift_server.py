@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import socket
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,31 @@ def test_start_stop_leaves_nothing(swift_endpoint: S3Endpoint) -> None:
     assert_gone(pids, root, ep.endpoint)
     server.stop()  # idempotent
     assert swift_endpoint.ready()  # the session's server was not touched
+
+
+def test_servers_die_with_a_killed_owner(swift_endpoint: S3Endpoint, tmp_path: Path) -> None:
+    """A test run killed with SIGKILL (no teardown) must not leave Swift running."""
+    code = (
+        "import json, sys, time\n"
+        "from asyncckpt.bench.embedded_swift import SwiftServer\n"
+        "s = SwiftServer(install=False); ep = s.start()\n"
+        "print(json.dumps({'pids': s.pids, 'root': str(s.root), 'endpoint': ep.endpoint}), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None
+        info = json.loads(owner.stdout.readline())
+        assert S3Endpoint("swift", info["endpoint"], "test:tester", SECRET_KEY).ready()
+    finally:
+        owner.kill()
+        owner.wait()
+    deadline = time.monotonic() + 20
+    while any(_group_members(pid) for pid in info["pids"].values()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling the condition, with a deadline
+    assert not any(_group_members(pid) for pid in info["pids"].values())
+    assert refused(info["endpoint"])
+    shutil.rmtree(info["root"])  # the owner could not clean up its directory; the servers are gone
 
 
 def test_start_retries_when_a_chosen_port_is_taken(

@@ -144,13 +144,17 @@ class SwiftServer:
     """One-node Swift + s3api on 127.0.0.1; a context manager yielding an :class:`S3Endpoint`.
 
     ``tmpfs_size`` (bytes, root only) puts the object data on a tmpfs of that size, for
-    full-disk tests. ``workers`` is the proxy and object server worker count.
+    full-disk tests. ``workers`` is the proxy and object server worker count. Unless
+    ``detach``, each server gets SIGTERM when the thread that started it dies (``setpriv
+    --pdeathsig``), so a killed test run leaves nothing behind; ``detach=True`` (the CLI's
+    ``start``) lets the servers outlive the starting process.
     """
 
     workers: int = 1
     tmpfs_size: int | None = None
     log_level: str = "WARNING"
     install: bool = True
+    detach: bool = False
     root: Path | None = None
     pids: dict[str, int] = field(default_factory=dict)
     endpoint: S3Endpoint | None = None
@@ -238,6 +242,8 @@ class SwiftServer:
             raise EmbeddedServerError(f"{argv[0]} failed: {(done.stderr or done.stdout).strip()[-800:]}")
 
     def _spawn(self, name: str, argv: list[str], logs: Path) -> None:
+        if not self.detach and shutil.which("setpriv"):
+            argv = ["setpriv", "--pdeathsig", "TERM", "--", *argv]  # exec'd: the PID stays the server's
         with open(logs / f"{name}.log", "wb") as log:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

@@ -92,6 +92,7 @@ def _main(args: argparse.Namespace) -> int:
         workers=args.workers,
         tmpfs_size=None if args.tmpfs_size is None else parse_size(args.tmpfs_size, name="--tmpfs-size"),
         install=not args.no_install,
+        detach=args.command == "start",
     )
     if args.command == "run":
         cmd = args.argv
