@@ -199,17 +199,11 @@ class SwiftServer:
         for d in (etc, logs, self.devices):
             d.mkdir()
         if self.tmpfs_size is not None:
-            self._run(
-                [
-                    "mount",
-                    "-t",
-                    "tmpfs",
-                    "-o",
-                    f"size={self.tmpfs_size},mode=0755",
-                    "ackpt-swift",
-                    self.devices,
-                ]
-            )
+            opts = f"size={self.tmpfs_size},mode=0755"
+            try:
+                self._run(["mount", "-t", "tmpfs", "-o", opts, "asyncckpt-swift", self.devices])
+            except EmbeddedServerError as exc:  # e.g. a container without CAP_SYS_ADMIN
+                raise SwiftUnavailableError(f"cannot mount a tmpfs for the data: {exc}") from None
         (self.devices / "d1").mkdir()
         _check_xattrs(self.devices / "d1")
         ports = dict(zip(("memcached", *SERVERS), free_ports(1 + len(SERVERS)), strict=True))
