@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -90,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--records", action="store_true", help="include per-chunk records in the JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary table")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    p.add_argument(
+        "--embedded-s3",
+        choices=("swift", "moto"),
+        default=None,
+        help="start a local S3 server for this run (default target s3://asyncckpt-bench/checkpoint.bin)",
+    )
     add_scaleout_arguments(p)
     return p
 
@@ -186,7 +193,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[asyncckpt] {note}", file=sys.stderr)
     try:
         plan = plan_from_args(args)
-        with tempfile.TemporaryDirectory(prefix="asyncckpt-bench-") as tmp:
+        with contextlib.ExitStack() as stack:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="asyncckpt-bench-"))
+            if args.embedded_s3 is not None:
+                from .embedded import start_for_bench
+
+                default_target = start_for_bench(stack, args.embedded_s3)
+                plan = plan if plan.target is not None else plan.with_target(default_target)
             if plan.target is None:
                 if plan.mode == "load":
                     raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")

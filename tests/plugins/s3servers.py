@@ -1,0 +1,162 @@
+"""S3 servers for tests: moto (a mock) and OpenStack Swift (a real store), one interface.
+
+Interface — what S3 suites rely on (registered in tests/conftest.py via ``pytest_plugins``):
+
+- ``--s3-server=moto|swift|both`` (default ``both``). With ``both``, when Swift is not
+  installed and cannot be installed (not root / no apt-get), its tests are *skipped with the
+  reason*; ``--s3-server=swift`` turns that into an error. A Swift that is installed but
+  fails to start is always an error.
+- ``s3_endpoint`` (session scope, parametrized by server → test ids ``[moto]``/``[swift]``):
+  an :class:`asyncckpt.bench.s3endpoint.S3Endpoint` with ``kind``, ``endpoint``,
+  ``access_key``, ``secret_key``, ``region``, ``quirks`` (how it differs from AWS, keys of
+  :data:`asyncckpt.sinks.s3compat.QUIRKS`) and ``env()`` (AWS_* variables), ``options(**extra)``
+  (S3 ``backend_options``), ``client_kwargs()`` (for boto3/aiobotocore), ``client()`` (a boto3
+  client, path style, one attempt, Swift workarounds), ``create_bucket(name=None) -> str`` (a
+  fresh unique bucket), ``request()`` (a signed raw request). ``endpoint``/``env()``/``options()``
+  /``client()``/``create_bucket(name)`` match the S3 branch's ``tests/s3_server.MotoS3``, so its
+  fixtures can take an ``S3Endpoint`` instead. Any test or fixture
+  that uses ``s3_endpoint`` (directly or through another fixture) runs once per server.
+  Swift cases carry the ``realstore`` marker (``-m "not realstore"`` leaves them out).
+  A test needing a server that ``--s3-server`` excludes is skipped with that reason.
+- ``s3_bucket``: a fresh bucket on ``s3_endpoint``. ``s3_client``: a boto3 client for it
+  (path style, one attempt, Swift's DeleteObjects workaround registered) to verify results.
+- ``swift_endpoint`` / ``moto_endpoint``: one server only (session scope).
+- ``swift_small_disk``: a separate Swift whose data lives on a small tmpfs (root only;
+  16 MiB, or ``request.param`` bytes via indirect parametrization), for full-disk tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from asyncckpt.bench.embedded import MotoServer
+from asyncckpt.bench.embedded_swift import SwiftServer, SwiftUnavailableError
+from asyncckpt.bench.s3endpoint import S3Endpoint
+
+KINDS = ("moto", "swift")
+SMALL_DISK = 16 << 20
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--s3-server",
+        choices=("moto", "swift", "both"),
+        default="both",
+        help="S3 server(s) for tests using s3_endpoint (default both; Swift skipped with a reason if "
+        "it cannot be installed)",
+    )
+
+
+def selected_kinds(config: pytest.Config) -> list[str]:
+    choice = config.getoption("--s3-server")
+    return list(KINDS) if choice == "both" else [choice]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "s3_endpoint" in metafunc.fixturenames:
+        kinds = selected_kinds(metafunc.config)
+        metafunc.parametrize("s3_endpoint", kinds, indirect=True, scope="session", ids=kinds)
+
+
+SWIFT_FIXTURES = {"swift_endpoint", "swift_small_disk"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        uses_swift = SWIFT_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if uses_swift or (callspec is not None and callspec.params.get("s3_endpoint") == "swift"):
+            item.add_marker(pytest.mark.realstore)
+
+
+class _Servers:
+    """Starts each kind once per session, on first use; remembers why Swift is unavailable."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.stack = contextlib.ExitStack()
+        self.started: dict[str, S3Endpoint] = {}
+        self.unavailable: str | None = None
+
+    def get(self, kind: str) -> S3Endpoint:
+        if kind in self.started:
+            return self.started[kind]
+        if kind not in selected_kinds(self.config):
+            pytest.skip(
+                f"needs the {kind} S3 server, excluded by --s3-server={self.config.getoption('--s3-server')}"
+            )
+        if kind == "swift" and self.unavailable is None:
+            try:
+                self.started[kind] = self.stack.enter_context(SwiftServer())
+            except SwiftUnavailableError as exc:
+                self.unavailable = str(exc)
+        elif kind == "moto":
+            self.started[kind] = self.stack.enter_context(MotoServer())
+        if kind == "swift" and self.unavailable is not None:
+            if self.config.getoption("--s3-server") == "swift":
+                pytest.fail(f"--s3-server=swift but Swift is unavailable: {self.unavailable}")
+            pytest.skip(f"Swift S3 server unavailable: {self.unavailable}")
+        return self.started[kind]
+
+
+@pytest.fixture(scope="session")
+def _s3_servers(pytestconfig: pytest.Config) -> Iterator[_Servers]:
+    servers = _Servers(pytestconfig)
+    with servers.stack:
+        yield servers
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(request: pytest.FixtureRequest, _s3_servers: _Servers) -> S3Endpoint:
+    kind = getattr(request, "param", None)
+    if kind is None:
+        pytest.fail(
+            "s3_endpoint was requested dynamically (getfixturevalue), so it is not parametrized by "
+            "server: add pytestmark = pytest.mark.usefixtures('s3_endpoint') to the test module"
+        )
+    return _s3_servers.get(kind)
+
+
+@pytest.fixture(scope="session")
+def swift_endpoint(_s3_servers: _Servers) -> S3Endpoint:
+    return _s3_servers.get("swift")
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(_s3_servers: _Servers) -> S3Endpoint:
+    return _s3_servers.get("moto")
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: S3Endpoint) -> str:
+    return s3_endpoint.create_bucket()
+
+
+def boto3_client(ep: S3Endpoint, **config: Any) -> Any:
+    """A boto3 S3 client for ``ep``: path style, one attempt, Swift workarounds registered."""
+    return ep.client(**config)
+
+
+@pytest.fixture
+def s3_client(s3_endpoint: S3Endpoint) -> Any:
+    return boto3_client(s3_endpoint)
+
+
+@pytest.fixture
+def swift_small_disk(request: pytest.FixtureRequest, _s3_servers: _Servers) -> Iterator[S3Endpoint]:
+    """A Swift of its own with its data on a tmpfs of ``request.param`` bytes (16 MiB)."""
+    _s3_servers.get("swift")  # skips (with the reason) when Swift is unavailable
+    size = getattr(request, "param", SMALL_DISK)
+    try:
+        server = SwiftServer(tmpfs_size=size)
+        ep = server.start()
+    except SwiftUnavailableError as exc:
+        pytest.skip(f"full-disk Swift unavailable: {exc}")
+    try:
+        yield ep
+    finally:
+        server.stop()
