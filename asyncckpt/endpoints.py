@@ -266,6 +266,15 @@ class EndpointRouter:
             self._next = (self.endpoints.index(choice) + 1) % n
         return choice
 
+    def control_order(self) -> list[str]:
+        """Where one-off requests (create/complete/abort/HEAD) go, in order: the home endpoint
+        (the rank's for ``rank``, else the first), then the others; endpoints marked down last.
+        Not counted in the statistics, which describe the data path."""
+        now, n = time.monotonic(), len(self.endpoints)
+        home = self.rank % n if self.strategy == "rank" else 0
+        order = [self.endpoints[(home + i) % n] for i in range(n)]
+        return sorted(order, key=lambda u: not self._healthy(u, now))  # stable: up first
+
     def mark_down(self, url: str) -> None:
         self._down_until[url] = time.monotonic() + self.down_for_s
         self._stats[url].marked_down += 1
