@@ -110,6 +110,7 @@ async def test_round_robin_save_and_load_spread_over_three_endpoints(
         assert sum(s["bytes"] for s in stats.values()) == size
         assert x["endpoint_retries"] == 0 and all(s["errors"] == 0 for s in stats.values())
     assert [per_endpoint(saved.metadata.extra)[u]["parts"] for u in moto_endpoints] == [3, 2, 2]
+    assert "identity_note" not in loaded.metadata.extra  # HEAD recorded the ETag the save published
     text = format_result(saved)
     assert "strategy round_robin" in text and all(u in text for u in moto_endpoints)
     assert "strategy round_robin" in format_result(loaded)
@@ -230,3 +231,25 @@ def test_bench_flags_map_to_backend_options() -> None:
     assert opts["endpoints"] == "http://a:1,http://b:2" and opts["lb_strategy"] == "rank"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["s3://b/k", "--lb-strategy", "fastest"])
+
+
+def test_settings_precedence_for_endpoints(tmp_path: Any) -> None:
+    from asyncckpt.sinks.s3.config import S3Settings
+
+    f = tmp_path / "eps"
+    f.write_text("http://f1:9000\nhttp://f2:9000\n")
+    env = {"S3_ENDPOINT_FILE": str(f), "AWS_ENDPOINT_URL": "http://aws:9000"}
+    s = S3Settings.resolve({"dotenv": False}, env)
+    assert s.endpoints == ("http://f1:9000", "http://f2:9000") and s.endpoint_url == "http://f1:9000"
+    assert s.path_style and s.lb_strategy == "round_robin" and not s.lb_strategy_explicit
+    one = S3Settings.resolve({"dotenv": False, "endpoint_url": "http://one:1"}, env)  # explicit wins
+    assert one.endpoints == () and one.endpoint_url == "http://one:1"
+    opt = S3Settings.resolve(
+        {"dotenv": False, "endpoints": "http://a:1,http://b:1", "lb_strategy": "rank"}, env
+    )
+    assert opt.endpoints == ("http://a:1", "http://b:1") and opt.lb_strategy_explicit
+    assert opt.sources["endpoints"] == "backend_options"
+    with pytest.raises(ConfigError, match="lb_strategy='fastest'"):
+        S3Settings.resolve({"dotenv": False, "lb_strategy": "fastest"}, env)
+    with pytest.raises(ConfigError, match=r"endpoint 'ftp://x:1' from argument"):
+        S3Settings.resolve({"dotenv": False, "endpoints": ["http://a:1", "ftp://x:1"]}, env)

@@ -281,6 +281,7 @@ class AiobotocoreSink(S3SinkBase):
 
     async def _head_size(self) -> int:
         response = await self._call("stat", "head_object")
+        self.etag = response.get("ETag")  # the load compares it with the saved one
         return int(response["ContentLength"])
 
     async def delete(self) -> None:
