@@ -7,7 +7,7 @@ cancellation. botocore's first client loads large JSON models; that happens once
 process in a worker thread, so the event loop never stalls on it.
 
 Several endpoints (front ends of one store, see ``asyncckpt.endpoints``): one client per
-endpoint, created together on first use; each ``upload_part`` and each range GET goes through
+endpoint, made when the endpoint is first used; each ``upload_part`` and each range GET goes through
 the :class:`EndpointRouter` (strategy, failover to another endpoint, per-endpoint statistics);
 create/complete/abort/HEAD/DELETE go to one endpoint, the next one when it is unreachable.
 Only the router retries then (see ``_retries``). With one endpoint none of this runs.
@@ -75,17 +75,16 @@ class AiobotocoreSink(S3SinkBase):
         self.retries = 0  # botocore reports RetryAttempts per response
 
     async def _s3(self, url: str | None) -> Any:
-        """The client for endpoint ``url``; all of them are created on first use."""
-        if not self._clients:
+        """The client for endpoint ``url``, made on its first use (once per sink)."""
+        client = self._clients.get(url)
+        if client is None:
             async with self._clients_lock:
-                if not self._clients:
+                client = self._clients.get(url)
+                if client is None:
                     session = await run_blocking(self.executor, _warm_session)
-                    urls = self.settings.endpoints or (self.settings.endpoint_url,)
-                    made = {
-                        u: await self._stack.enter_async_context(self._new_client(session, u)) for u in urls
-                    }
-                    self._clients = made
-        return self._clients[url]
+                    client = await self._stack.enter_async_context(self._new_client(session, url))
+                    self._clients[url] = client
+        return client
 
     def _retries(self) -> dict[str, Any]:
         """botocore's retries; with several endpoints the router's instead.
