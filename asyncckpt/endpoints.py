@@ -302,14 +302,22 @@ class EndpointRouter:
         finally:
             st.in_flight -= 1
 
-    async def call(self, fn: Callable[[str], Awaitable[T]], nbytes: int = 0) -> T:
-        """``await fn(endpoint)``, retried on another endpoint when one is unreachable."""
+    async def call(
+        self,
+        fn: Callable[[str], Awaitable[T]],
+        nbytes: int = 0,
+        *,
+        retry_on: Callable[[BaseException], bool] | None = None,
+    ) -> T:
+        """``await fn(endpoint)``, retried on another endpoint when one is unreachable, or when
+        ``retry_on(exc)`` says so (e.g. 503 SlowDown: retried elsewhere, endpoint not marked down)."""
         for attempt in range(self.max_attempts):
             try:
                 async with self.endpoint(nbytes, retry=attempt > 0) as url:
                     return await fn(url)
             except Exception as exc:
-                if not is_failover_error(exc) or attempt + 1 >= self.max_attempts:
+                again = is_failover_error(exc) or (retry_on is not None and retry_on(exc))
+                if not again or attempt + 1 >= self.max_attempts:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 

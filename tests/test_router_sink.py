@@ -253,3 +253,66 @@ def test_settings_precedence_for_endpoints(tmp_path: Any) -> None:
         S3Settings.resolve({"dotenv": False, "lb_strategy": "fastest"}, env)
     with pytest.raises(ConfigError, match=r"endpoint 'ftp://x:1' from argument"):
         S3Settings.resolve({"dotenv": False, "endpoints": ["http://a:1", "ftp://x:1"]}, env)
+
+
+class Busy:
+    """An HTTP endpoint on 127.0.0.1 that reads each request whole and answers 503 SlowDown."""
+
+    BODY = b"<?xml version='1.0'?><Error><Code>SlowDown</Code><Message>Reduce your rate</Message></Error>"
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+            if "expect: 100-continue" in head:
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            length = next(
+                (int(h.split(":")[1]) for h in head.split("\r\n") if h.startswith("content-length:")), 0
+            )
+            await reader.readexactly(length)
+            self.requests += 1
+            body = b"" if head.startswith("head ") else self.BODY  # HEAD: headers only
+            writer.write(
+                b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+                + f"Content-Length: {len(self.BODY)}\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def stop(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def test_a_busy_endpoint_is_retried_elsewhere_but_not_marked_down(
+    moto_endpoints: list[str],  # noqa: F811
+    boto: Any,
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    busy = Busy()
+    urls = [await busy.start(), *moto_endpoints[:2]]  # the busy one also gets create/complete first
+    bucket, size = await new_bucket(boto), 4 * CHUNK + 1
+    try:
+        async with ckpt("aiobotocore", options(endpoints=urls), seed=8) as c:
+            saved = await c.save(f"s3://{bucket}/busy.bin", size)
+            loaded = await c.load(f"s3://{bucket}/busy.bin", verify=True)
+    finally:
+        await busy.stop()
+    assert await stored(boto, bucket, "busy.bin") == expected_bytes(size, CHUNK, 8)
+    for result in (saved, loaded):
+        x = result.metadata.extra
+        b = per_endpoint(x)[urls[0]]
+        assert b["parts"] == 0 and b["errors"] >= 1 and b["marked_down"] == 0, x["endpoints"]
+        assert x["endpoint_retries"] == b["errors"] >= 1
+        assert sum(e["bytes"] for e in x["endpoints"]) == size
+    assert busy.requests >= 4  # create + at least one part on save, HEAD + a range GET on load

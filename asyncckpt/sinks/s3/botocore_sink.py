@@ -40,6 +40,17 @@ _session: AioSession | None = None
 _session_lock = threading.Lock()
 
 
+def _server_busy(exc: BaseException) -> bool:
+    """A 5xx answer (500 InternalError, 503 SlowDown, ...): worth a try on another endpoint.
+
+    With several endpoints botocore does not retry (see ``AiobotocoreSink._retries``).
+    """
+    if not isinstance(exc, ClientError):
+        return False
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return isinstance(status, int) and status >= 500
+
+
 def _warm_session() -> AioSession:
     """A process-wide session whose loader has read the S3 model (blocking file I/O)."""
     global _session
@@ -91,7 +102,8 @@ class AiobotocoreSink(S3SinkBase):
 
         A botocore retry of ``upload_part`` must rewind the body, which the pool's memoryview
         cannot do (UnseekableStreamError), and retrying an unreachable endpoint only delays
-        the failover; so with a router each request is tried once per endpoint.
+        the failover; so with a router each request is tried once per endpoint, and
+        unreachable endpoints and 5xx answers move it to the next one.
         """
         if self.router is not None:
             return {"total_max_attempts": 1, "mode": "standard"}
@@ -154,9 +166,11 @@ class AiobotocoreSink(S3SinkBase):
             try:
                 return await self._raw(url, method, **kwargs)
             except Exception as exc:
-                if not is_failover_error(exc) or i + 1 == len(order):
+                down = is_failover_error(exc)
+                if not (down or _server_busy(exc)) or i + 1 == len(order):
                     raise
-                self.router.mark_down(url)
+                if down:
+                    self.router.mark_down(url)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _call(self, action: str, method: str, **kwargs: Any) -> Any:
@@ -174,7 +188,7 @@ class AiobotocoreSink(S3SinkBase):
         try:
             if self.router is None:
                 return await fn(self.settings.endpoint_url)
-            return await self.router.call(fn, nbytes)
+            return await self.router.call(fn, nbytes, retry_on=_server_busy)
         except Exception as exc:
             if isinstance(exc, StorageError):
                 raise
