@@ -20,7 +20,7 @@ from .isolation import SharedBufferPool
 from .isolation.process_sink import ProcessSink
 from .loader import LoadState, check_size, identity_note, label_loads, stream_views, verify_mode
 from .manifest import manifest_uri, read_manifest
-from .metrics import RunMetadata, SaveResult, busy_time, percentiles
+from .metrics import RunMetadata, SaveResult, summarize_records
 from .monitor import LoopMonitor, now
 from .pool import BufferPool
 from .runinfo import environment_facts
@@ -271,19 +271,12 @@ class LoadsMixin:
             wall_s=t_end - t0,
             open_s=state.open_s,
             gen_s=sum(r.fill_s for r in recs),
-            write_s=busy_time([(r.t_write_start, r.t_write_end) for r in recs]),
             close_s=t_end - t_close,
             close_detail={},
-            wait_free_s=sum(r.wait_free_s for r in recs),
-            wait_data_s=sum(r.wait_data_s for r in recs),
-            chunks=len(recs),
             bottleneck_counts=counts,
-            chunk_latency_s=percentiles([r.latency_s for r in recs]),
-            write_latency_s=percentiles([r.write_s for r in recs]),
             loop_lag_s=monitor.lag(),
             peak_rss_bytes=monitor.peak_rss,
             baseline_rss_bytes=monitor.baseline_rss,
             metadata=meta,
-            records=tuple(recs),
-            verify_s=sum(r.verify_s for r in recs),
+            **summarize_records(recs),
         )
