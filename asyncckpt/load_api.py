@@ -7,6 +7,7 @@ object's size against it before any data is read, then streams verified views.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -202,7 +203,7 @@ class LoadsMixin:
                     verifier = make_verifier(state.verify_mode, manifest, threads=self._budget.threads)
                     await sink.open_read(defeat_cache=defeat_cache)
                     state.open_s = now() - t0
-                    async for view in stream_views(
+                    views = stream_views(
                         uri=uri,
                         sink=sink,
                         pool=pool,
@@ -214,8 +215,13 @@ class LoadsMixin:
                         num_readers=readers,
                         threads=self._budget.threads,
                         progress=progress,
-                    ):
-                        yield view
+                    )
+                    # aclosing: when this generator is closed early (caller left the loop or was
+                    # cancelled) the inner one closes *now*, reclaiming its buffers, rather than
+                    # whenever the event loop gets round to finalizing it
+                    async with contextlib.aclosing(views):
+                        async for view in views:
+                            yield view
                     state.sink_facts = sink.describe()
                     t_close = now()
                     await sink.aclose()
