@@ -15,7 +15,7 @@ from .isolation import SharedBufferPool, resolve_policy
 from .isolation.process_sink import ProcessSink
 from .load_api import LoadsMixin
 from .manifest import build_manifest, manifest_uri, write_manifest
-from .metrics import RunMetadata, SaveResult, busy_time, label_chunks, percentiles
+from .metrics import RunMetadata, SaveResult, label_chunks, summarize_records
 from .monitor import LoopMonitor, now
 from .pipeline import PipelineTimes, ProgressFn, stream, write_preallocated
 from .pool import BufferPool
@@ -281,6 +281,8 @@ class AsyncCheckpointer(LoadsMixin):
         counts = label_chunks(recs, in_flight)
         src, snk = source.describe(), sink.describe()
         snk.setdefault("isolation", "none")
+        if "gen_nice" in src:
+            snk["gen_nice"] = src["gen_nice"]
         cfg, budget = self.config, self._budget
         meta = RunMetadata(
             backend=sink.backend,
@@ -309,19 +311,12 @@ class AsyncCheckpointer(LoadsMixin):
             wall_s=wall_s,
             open_s=open_s,
             gen_s=gen_s,
-            write_s=busy_time([(r.t_write_start, r.t_write_end) for r in recs]),
             close_s=close_s,
             close_detail=close_detail,
-            wait_free_s=sum(r.wait_free_s for r in recs),
-            wait_data_s=sum(r.wait_data_s for r in recs),
-            chunks=len(recs),
             bottleneck_counts=counts,
-            chunk_latency_s=percentiles([r.latency_s for r in recs]),
-            write_latency_s=percentiles([r.write_s for r in recs]),
             loop_lag_s=monitor.lag(),
             peak_rss_bytes=monitor.peak_rss,
             baseline_rss_bytes=monitor.baseline_rss,
             metadata=meta,
-            records=tuple(recs),
-            checksum_s=sum(r.checksum_s for r in recs),
+            **summarize_records(recs),
         )

@@ -7,6 +7,7 @@ object's size against it before any data is read, then streams verified views.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +21,7 @@ from .isolation import SharedBufferPool
 from .isolation.process_sink import ProcessSink
 from .loader import LoadState, check_size, identity_note, label_loads, stream_views, verify_mode
 from .manifest import manifest_uri, read_manifest
-from .metrics import RunMetadata, SaveResult, busy_time, percentiles
+from .metrics import RunMetadata, SaveResult, summarize_records
 from .monitor import LoopMonitor, now
 from .pool import BufferPool
 from .runinfo import environment_facts
@@ -202,7 +203,7 @@ class LoadsMixin:
                     verifier = make_verifier(state.verify_mode, manifest, threads=self._budget.threads)
                     await sink.open_read(defeat_cache=defeat_cache)
                     state.open_s = now() - t0
-                    async for view in stream_views(
+                    views = stream_views(
                         uri=uri,
                         sink=sink,
                         pool=pool,
@@ -214,8 +215,13 @@ class LoadsMixin:
                         num_readers=readers,
                         threads=self._budget.threads,
                         progress=progress,
-                    ):
-                        yield view
+                    )
+                    # aclosing: when this generator is closed early (caller left the loop or was
+                    # cancelled) the inner one closes *now*, reclaiming its buffers, rather than
+                    # whenever the event loop gets round to finalizing it
+                    async with contextlib.aclosing(views):
+                        async for view in views:
+                            yield view
                     state.sink_facts = sink.describe()
                     t_close = now()
                     await sink.aclose()
@@ -271,19 +277,12 @@ class LoadsMixin:
             wall_s=t_end - t0,
             open_s=state.open_s,
             gen_s=sum(r.fill_s for r in recs),
-            write_s=busy_time([(r.t_write_start, r.t_write_end) for r in recs]),
             close_s=t_end - t_close,
             close_detail={},
-            wait_free_s=sum(r.wait_free_s for r in recs),
-            wait_data_s=sum(r.wait_data_s for r in recs),
-            chunks=len(recs),
             bottleneck_counts=counts,
-            chunk_latency_s=percentiles([r.latency_s for r in recs]),
-            write_latency_s=percentiles([r.write_s for r in recs]),
             loop_lag_s=monitor.lag(),
             peak_rss_bytes=monitor.peak_rss,
             baseline_rss_bytes=monitor.baseline_rss,
             metadata=meta,
-            records=tuple(recs),
-            verify_s=sum(r.verify_s for r in recs),
+            **summarize_records(recs),
         )

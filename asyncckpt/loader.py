@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,7 +245,7 @@ async def stream_views(
     num_readers: int,
     threads: int,
     progress: Callable[[int], None] | None = None,
-) -> AsyncIterator[memoryview]:
+) -> AsyncGenerator[memoryview, None]:
     """Yield the object's bytes in order, verified; each view is valid until the next one."""
     if state.size == 0:
         raise TargetNotFoundError(errno.ENOENT, f"{uri!r}: size unknown (open the load first)")

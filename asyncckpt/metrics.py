@@ -89,6 +89,21 @@ def label_chunks(records: Sequence[ChunkRecord], parallel_writes: int) -> dict[s
     return counts
 
 
+def summarize_records(records: Sequence[ChunkRecord]) -> dict[str, Any]:
+    """The :class:`SaveResult` fields that follow from per-chunk records alone."""
+    return {
+        "write_s": busy_time([(r.t_write_start, r.t_write_end) for r in records]),
+        "wait_free_s": sum(r.wait_free_s for r in records),
+        "wait_data_s": sum(r.wait_data_s for r in records),
+        "chunks": len(records),
+        "chunk_latency_s": percentiles([r.latency_s for r in records]),
+        "write_latency_s": percentiles([r.write_s for r in records]),
+        "checksum_s": sum(r.checksum_s for r in records),
+        "verify_s": sum(r.verify_s for r in records),
+        "records": tuple(records),
+    }
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunMetadata:
     """How a result was produced, so two numbers can be compared honestly."""

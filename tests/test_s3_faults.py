@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -175,9 +175,17 @@ async def test_outage_mid_upload_fails_clearly_and_publishes_nothing(
 async def test_cancellation_mid_upload_aborts(backend: str, s3_env: MotoS3) -> None:
     bucket = await asyncio.to_thread(new_bucket, s3_env)
     first_chunk = asyncio.Event()
+    never = asyncio.Event()  # the data stops after two chunks: the upload cannot complete
+
+    async def data() -> AsyncIterator[bytes]:
+        for _ in range(2):
+            yield bytes(CHUNK)
+        await never.wait()
+        yield bytes(CHUNK)  # pragma: no cover - cancelled before
+
     async with checkpointer(backend, s3_env.options()) as ckpt:
         task = asyncio.create_task(
-            ckpt.save(f"s3://{bucket}/c.bin", 8 * CHUNK, progress=lambda n: first_chunk.set())
+            ckpt.save(f"s3://{bucket}/c.bin", 8 * CHUNK, data=data(), progress=lambda n: first_chunk.set())
         )
         await first_chunk.wait()
         task.cancel()
