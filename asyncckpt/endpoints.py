@@ -266,6 +266,15 @@ class EndpointRouter:
             self._next = (self.endpoints.index(choice) + 1) % n
         return choice
 
+    def control_order(self) -> list[str]:
+        """Where one-off requests (create/complete/abort/HEAD) go, in order: the home endpoint
+        (the rank's for ``rank``, else the first), then the others; endpoints marked down last.
+        Not counted in the statistics, which describe the data path."""
+        now, n = time.monotonic(), len(self.endpoints)
+        home = self.rank % n if self.strategy == "rank" else 0
+        order = [self.endpoints[(home + i) % n] for i in range(n)]
+        return sorted(order, key=lambda u: not self._healthy(u, now))  # stable: up first
+
     def mark_down(self, url: str) -> None:
         self._down_until[url] = time.monotonic() + self.down_for_s
         self._stats[url].marked_down += 1
@@ -293,14 +302,22 @@ class EndpointRouter:
         finally:
             st.in_flight -= 1
 
-    async def call(self, fn: Callable[[str], Awaitable[T]], nbytes: int = 0) -> T:
-        """``await fn(endpoint)``, retried on another endpoint when one is unreachable."""
+    async def call(
+        self,
+        fn: Callable[[str], Awaitable[T]],
+        nbytes: int = 0,
+        *,
+        retry_on: Callable[[BaseException], bool] | None = None,
+    ) -> T:
+        """``await fn(endpoint)``, retried on another endpoint when one is unreachable, or when
+        ``retry_on(exc)`` says so (e.g. 503 SlowDown: retried elsewhere, endpoint not marked down)."""
         for attempt in range(self.max_attempts):
             try:
                 async with self.endpoint(nbytes, retry=attempt > 0) as url:
                     return await fn(url)
             except Exception as exc:
-                if not is_failover_error(exc) or attempt + 1 >= self.max_attempts:
+                again = is_failover_error(exc) or (retry_on is not None and retry_on(exc))
+                if not again or attempt + 1 >= self.max_attempts:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -72,7 +72,7 @@ def format_result(r: SaveResult) -> str:
         f"Host:              {m.hostname}, Python {m.python}",
         RULE,
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + format_endpoints(m.extra))
 
 
 def format_load(r: SaveResult) -> str:
@@ -106,7 +106,38 @@ def format_load(r: SaveResult) -> str:
     ]
     if "identity_note" in x:
         lines.insert(-1, f"Note:              {x['identity_note']}")
-    return "\n".join(lines)
+    return "\n".join(lines + format_endpoints(x))
+
+
+def format_endpoints(extra: Mapping[str, Any]) -> list[str]:
+    """Per-endpoint lines under a result (multi-endpoint runs only; nothing otherwise)."""
+    if "endpoint_strategy" not in extra:
+        return []
+    head = (
+        f"Endpoints:         {extra.get('endpoints_configured', '?')}, strategy {extra['endpoint_strategy']}"
+    )
+    per = extra.get("endpoints")
+    if not per:
+        return [head + f"; this rank used {extra.get('endpoint_url')}"]
+    rows = [
+        (
+            e["endpoint"],
+            e["parts"],
+            gib(e["bytes"]),
+            e["in_flight_peak"],
+            ms(e["latency_p50_s"]),
+            ms(e["latency_p99_s"]),
+            e["errors"],
+            e["retries"],
+            e["marked_down"],
+        )
+        for e in per
+    ]
+    headers = ("endpoint", "parts", "bytes", "peak", "p50", "p99", "errors", "retries", "down")
+    return [
+        head + f"; {extra.get('endpoint_retries', 0)} part(s) retried elsewhere",
+        format_table(headers, rows),
+    ]
 
 
 def _writer(extra: Mapping[str, object]) -> str:

@@ -64,6 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--part-size", type=_size("--part-size"), default=None, help="S3 part size (chunk size)")
     p.add_argument("--endpoint", default=None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL)")
     p.add_argument(
+        "--endpoints",
+        default=None,
+        help="several S3 endpoints of one store, comma separated (default: S3_ENDPOINT_URIS, "
+        "S3_ENDPOINT_TEMPLATE, S3_ENDPOINT_FILE)",
+    )
+    p.add_argument(
+        "--lb-strategy",
+        default=None,
+        choices=("round_robin", "least_connections", "rank"),
+        help="how parts are spread over --endpoints (default: S3_LOAD_BALANCE_STRATEGY, else round_robin)",
+    )
+    p.add_argument(
         "--compare-backends",
         action="store_true",
         help="run every installed S3 backend on s3:// TARGET; one table",
@@ -116,7 +128,12 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         "max_in_flight": args.max_in_flight,
         "backend": args.backend,
     }
-    s3_options = {"part_size": args.part_size, "endpoint_url": args.endpoint}
+    s3_options = {
+        "part_size": args.part_size,
+        "endpoint_url": args.endpoint,
+        "endpoints": args.endpoints,
+        "lb_strategy": args.lb_strategy,
+    }
     if any(v is not None for v in s3_options.values()):
         options["backend_options"] = {k: v for k, v in s3_options.items() if v is not None}
     if args.generator is not None:

@@ -5,6 +5,12 @@ aiobotocore has no managed transfer, so this is the whole protocol: create → u
 once its part is stored, so the pool may reuse the buffer) → complete; abort on any error or
 cancellation. botocore's first client loads large JSON models; that happens once per
 process in a worker thread, so the event loop never stalls on it.
+
+Several endpoints (front ends of one store, see ``asyncckpt.endpoints``): one client per
+endpoint, made when the endpoint is first used; each ``upload_part`` and each range GET goes through
+the :class:`EndpointRouter` (strategy, failover to another endpoint, per-endpoint statistics);
+create/complete/abort/HEAD/DELETE go to one endpoint, the next one when it is unreachable.
+Only the router retries then (see ``_retries``). With one endpoint none of this runs.
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ import contextlib
 import errno
 import threading
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from ..._blocking import run_blocking
+from ...endpoints import is_failover_error
 from ...errors import MissingDependencyError, StorageError
 from .common import S3SinkBase, log, storage_error
 
@@ -27,8 +35,20 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise MissingDependencyError("aiobotocore", "aiobotocore", "backend 'aiobotocore' (s3://)") from exc
 
+T = TypeVar("T")
 _session: AioSession | None = None
 _session_lock = threading.Lock()
+
+
+def _server_busy(exc: BaseException) -> bool:
+    """A 5xx answer (500 InternalError, 503 SlowDown, ...): worth a try on another endpoint.
+
+    With several endpoints botocore does not retry (see ``AiobotocoreSink._retries``).
+    """
+    if not isinstance(exc, ClientError):
+        return False
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return isinstance(status, int) and status >= 500
 
 
 def _warm_session() -> AioSession:
@@ -53,47 +73,68 @@ class AiobotocoreSink(S3SinkBase):
 
     backend = "aiobotocore"
     default_in_flight = 4
+    per_request_endpoints = True
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
         self._stack = contextlib.AsyncExitStack()
-        self._client: Any = None
+        self._clients: dict[str | None, Any] = {}  # endpoint URL (None: AWS default) → client
+        self._clients_lock = asyncio.Lock()
         self._upload_id: str | None = None
         self._etags: dict[int, str] = {}
         self._small: bytes | None = None
         self.retries = 0  # botocore reports RetryAttempts per response
 
-    async def _s3(self) -> Any:
-        if self._client is None:
-            session = await run_blocking(self.executor, _warm_session)
-            s = self.settings
-            config = AioConfig(
-                s3={
-                    "addressing_style": "path" if s.path_style else "virtual",
-                    "payload_signing_enabled": s.payload_signing,
-                },
-                request_checksum_calculation=s.checksums,
-                response_checksum_validation="when_required",
-                retries={"max_attempts": s.max_attempts, "mode": "standard"},
-                connect_timeout=s.connect_timeout,
-                max_pool_connections=max(16, s.max_in_flight * 2),
-                # botocore's validator only admits bytes/bytearray/file bodies; the request path
-                # itself takes the pool's memoryview as is, which saves a copy per part
-                parameter_validation=False,
-            )
-            self._client = await self._stack.enter_async_context(
-                session.create_client(
-                    "s3",
-                    region_name=s.region,
-                    endpoint_url=s.endpoint_url,
-                    aws_access_key_id=s.access_key_id,
-                    aws_secret_access_key=s.secret_access_key,
-                    aws_session_token=s.session_token,
-                    verify=s.ca_bundle,
-                    config=config,
-                )
-            )
-        return self._client
+    async def _s3(self, url: str | None) -> Any:
+        """The client for endpoint ``url``, made on its first use (once per sink)."""
+        client = self._clients.get(url)
+        if client is None:
+            async with self._clients_lock:
+                client = self._clients.get(url)
+                if client is None:
+                    session = await run_blocking(self.executor, _warm_session)
+                    client = await self._stack.enter_async_context(self._new_client(session, url))
+                    self._clients[url] = client
+        return client
+
+    def _retries(self) -> dict[str, Any]:
+        """botocore's retries; with several endpoints the router's instead.
+
+        A botocore retry of ``upload_part`` must rewind the body, which the pool's memoryview
+        cannot do (UnseekableStreamError), and retrying an unreachable endpoint only delays
+        the failover; so with a router each request is tried once per endpoint, and
+        unreachable endpoints and 5xx answers move it to the next one.
+        """
+        if self.router is not None:
+            return {"total_max_attempts": 1, "mode": "standard"}
+        return {"max_attempts": self.settings.max_attempts, "mode": "standard"}
+
+    def _new_client(self, session: AioSession, url: str | None) -> Any:
+        s = self.settings
+        config = AioConfig(
+            s3={
+                "addressing_style": "path" if s.path_style else "virtual",
+                "payload_signing_enabled": s.payload_signing,
+            },
+            request_checksum_calculation=s.checksums,
+            response_checksum_validation="when_required",
+            retries=self._retries(),
+            connect_timeout=s.connect_timeout,
+            max_pool_connections=max(16, s.max_in_flight * 2),
+            # botocore's validator only admits bytes/bytearray/file bodies; the request path
+            # itself takes the pool's memoryview as is, which saves a copy per part
+            parameter_validation=False,
+        )
+        return session.create_client(
+            "s3",
+            region_name=s.region,
+            endpoint_url=url,
+            aws_access_key_id=s.access_key_id,
+            aws_secret_access_key=s.secret_access_key,
+            aws_session_token=s.session_token,
+            verify=s.ca_bundle,
+            config=config,
+        )
 
     def _map(self, exc: Exception, action: str) -> StorageError:
         if isinstance(exc, ClientError):
@@ -110,16 +151,48 @@ class AiobotocoreSink(S3SinkBase):
             )
         return storage_error("", f"{type(exc).__name__}: {exc}", self.what(action), self.settings)
 
+    async def _raw(self, url: str | None, method: str, **kwargs: Any) -> Any:
+        """One botocore call on endpoint ``url``; foreign exceptions pass through."""
+        client = await self._s3(url)
+        response = await getattr(client, method)(Bucket=self.bucket, Key=self.key, **kwargs)
+        self.retries = (self.retries or 0) + int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
+        return response
+
+    async def _control(self, method: str, **kwargs: Any) -> Any:
+        """A one-off request on one endpoint; an unreachable one is marked down, the next tried."""
+        assert self.router is not None
+        order = self.router.control_order()
+        for i, url in enumerate(order):
+            try:
+                return await self._raw(url, method, **kwargs)
+            except Exception as exc:
+                down = is_failover_error(exc)
+                if not (down or _server_busy(exc)) or i + 1 == len(order):
+                    raise
+                if down:
+                    self.router.mark_down(url)
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def _call(self, action: str, method: str, **kwargs: Any) -> Any:
-        client = await self._s3()
         try:
-            response = await getattr(client, method)(Bucket=self.bucket, Key=self.key, **kwargs)
+            if self.router is None:
+                return await self._raw(self.settings.endpoint_url, method, **kwargs)
+            return await self._control(method, **kwargs)
         except Exception as exc:  # the boundary with botocore: everything leaves as StorageError
             if isinstance(exc, StorageError):
                 raise
             raise self._map(exc, action) from None
-        self.retries = (self.retries or 0) + int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
-        return response
+
+    async def _routed(self, action: str, fn: Callable[[str | None], Awaitable[T]], nbytes: int) -> T:
+        """``fn(endpoint)`` on the one endpoint, or through the router (failover, statistics)."""
+        try:
+            if self.router is None:
+                return await fn(self.settings.endpoint_url)
+            return await self.router.call(fn, nbytes, retry_on=_server_busy)
+        except Exception as exc:
+            if isinstance(exc, StorageError):
+                raise
+            raise self._map(exc, action) from None
 
     # -- writing -----------------------------------------------------------------------
     async def open(self, size: int) -> None:
@@ -135,12 +208,12 @@ class AiobotocoreSink(S3SinkBase):
         # botocore's CRC32 (checksums="when_supported") treats any non-bytes body as a file;
         # that option hashes every byte on the loop thread anyway, so one copy costs little
         payload: memoryview | bytes = bytes(body) if self.settings.checksums == "when_supported" else body
-        response = await self._call(
+        response = await self._routed(
             f"upload part {number} of",
-            "upload_part",
-            UploadId=self._upload_id,
-            PartNumber=number,
-            Body=payload,
+            lambda url: self._raw(
+                url, "upload_part", UploadId=self._upload_id, PartNumber=number, Body=payload
+            ),
+            len(body),
         )
         self.record_part(started)
         self._etags[number] = response["ETag"]
@@ -203,7 +276,15 @@ class AiobotocoreSink(S3SinkBase):
             return 0
         if offset >= await self.known_size():  # S3 answers InvalidRange (416) past the end
             return 0
-        response = await self._call("read", "get_object", Range=f"bytes={offset}-{offset + len(buf) - 1}")
+        return await self._routed(
+            f"read bytes {offset}-{offset + len(buf) - 1} of",
+            lambda url: self._get(url, offset, buf),
+            len(buf),
+        )
+
+    async def _get(self, url: str | None, offset: int, buf: memoryview) -> int:
+        """One range GET into ``buf`` (repeatable: a retry elsewhere overwrites from the start)."""
+        response = await self._raw(url, "get_object", Range=f"bytes={offset}-{offset + len(buf) - 1}")
         n = 0
         async with response["Body"] as body:
             async for piece in body.iter_chunks(1 << 20):
@@ -213,6 +294,7 @@ class AiobotocoreSink(S3SinkBase):
 
     async def _head_size(self) -> int:
         response = await self._call("stat", "head_object")
+        self.etag = response.get("ETag")  # the load compares it with the saved one
         return int(response["ContentLength"])
 
     async def delete(self) -> None:
@@ -222,4 +304,4 @@ class AiobotocoreSink(S3SinkBase):
     async def aclose(self) -> None:
         await self.abort()
         await self._stack.aclose()
-        self._client = None
+        self._clients = {}

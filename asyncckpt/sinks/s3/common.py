@@ -12,9 +12,11 @@ import errno
 import logging
 import time
 from abc import abstractmethod
-from typing import Any
+from dataclasses import replace
+from typing import Any, ClassVar
 
-from ...errors import StorageError, StoragePermissionError, TargetNotFoundError
+from ...endpoints import EndpointRouter
+from ...errors import ConfigError, StorageError, StoragePermissionError, TargetNotFoundError
 from ...metrics import percentiles
 from ..base import Sink
 from .config import S3Settings, parse_s3_uri, plan_parts
@@ -50,11 +52,17 @@ class S3SinkBase(Sink):
     """One object ``s3://bucket/key``; parts are ``part_size`` slices of ``chunk_size`` buffers."""
 
     default_in_flight = 4
+    #: whether each request may go to a different endpoint (one client per endpoint)
+    per_request_endpoints: ClassVar[bool] = False
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
         self.bucket, self.key = parse_s3_uri(uri)
         self.settings = S3Settings.resolve(self.options.extra)
+        self.router: EndpointRouter | None = None
+        self.endpoint_strategy: str | None = None
+        if len(self.settings.endpoints) > 1:
+            self._plan_endpoints()
         self.part_size = self.settings.part_size or self.options.chunk_size or 0
         self._size = 0
         self._nparts = 0
@@ -63,6 +71,30 @@ class S3SinkBase(Sink):
         self._object_size: int | None = None  # of the published object, learnt by size()
         self.etag: str | None = None
         self.cleanup_needed: str | None = None  # an upload id an abort could not remove
+
+    def _plan_endpoints(self) -> None:
+        """Several endpoints: a router for backends that switch per request, else ``rank % N``.
+
+        A per-request strategy asked for explicitly of a backend that cannot do it is an error
+        (raised here, before any I/O) rather than a silent downgrade; left at its default, the
+        strategy becomes ``rank`` and describe() says why.
+        """
+        from ...distributed import rank_info_from_env
+
+        s, rank = self.settings, rank_info_from_env().rank
+        if self.per_request_endpoints:
+            self.router = EndpointRouter(s.endpoints, s.lb_strategy, rank=rank)
+            self.endpoint_strategy = s.lb_strategy
+            return
+        if s.lb_strategy != "rank" and s.lb_strategy_explicit:
+            raise ConfigError(
+                f"backend {self.backend!r} cannot send each part to a different endpoint, but load-balance "
+                f"strategy {s.lb_strategy!r} was requested ({s.sources.get('lb_strategy', 'option')}) for "
+                f"{len(s.endpoints)} endpoints; use strategy 'rank' (one endpoint per MPI rank, rank % N) "
+                "or backend 'aiobotocore'"
+            )
+        self.settings = replace(s, endpoint_url=s.endpoints[rank % len(s.endpoints)])
+        self.endpoint_strategy = f"rank (per-request balancing not supported by {self.backend})"
 
     def check(self) -> None:
         if self.part_size:
@@ -110,6 +142,8 @@ class S3SinkBase(Sink):
 
     def what(self, action: str) -> str:
         endpoint = self.settings.endpoint_url or "AWS"
+        if self.router is not None:
+            endpoint = f"{len(self.router.endpoints)} endpoints, {self.router.strategy}"
         return f"{action} s3://{self.bucket}/{self.key} ({self.backend}, endpoint {endpoint})"
 
     def record_part(self, started: float) -> float:
@@ -133,6 +167,13 @@ class S3SinkBase(Sink):
         }
         if self.cleanup_needed:
             out["upload_left_for_cleanup"] = self.cleanup_needed
+        if self.endpoint_strategy is not None:
+            out["endpoint_strategy"] = self.endpoint_strategy
+            out["endpoints_configured"] = len(self.settings.endpoints)
+        if self.router is not None:
+            stats = self.router.stats()
+            out["endpoint_retries"] = stats["retries"]
+            out["endpoints"] = stats["endpoints"]
         return out
 
 

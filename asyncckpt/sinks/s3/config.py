@@ -40,7 +40,7 @@ _ENV_KEYS: dict[str, tuple[str, ...]] = {
 }
 _OPTION_KEYS = frozenset(
     {*_ENV_KEYS, "path_style", "part_size", "max_in_flight", "payload_signing", "checksums"}
-    | {"max_attempts", "connect_timeout", "dotenv"}
+    | {"max_attempts", "connect_timeout", "dotenv", "endpoints", "lb_strategy"}
 )
 SECRET_FIELDS = ("secret_access_key", "session_token")
 
@@ -126,6 +126,10 @@ class S3Settings:
     checksums: str = "when_required"
     max_attempts: int = 3
     connect_timeout: float = 5.0
+    #: several front ends of one store (multi-endpoint mode when 2 or more); see endpoints.py
+    endpoints: tuple[str, ...] = ()
+    lb_strategy: str = "round_robin"
+    lb_strategy_explicit: bool = False  # set by option or S3_LOAD_BALANCE_STRATEGY, not defaulted
     sources: dict[str, str] = field(default_factory=dict, compare=False)  # key → where it came from
 
     def __repr__(self) -> str:
@@ -141,6 +145,8 @@ class S3Settings:
             "max_in_flight": self.max_in_flight,
             "payload_signing": self.payload_signing,
             "checksums": self.checksums,
+            "endpoints": self.endpoints,
+            "lb_strategy": self.lb_strategy,
         }
         return "S3Settings(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
@@ -201,6 +207,7 @@ class S3Settings:
                 if hit is not None:
                     values[key], sources[key] = mapping[hit], f"{origin} {hit}"
                     break
+        _resolve_endpoints(options, env, values, sources)
         endpoint = values.get("endpoint_url")
         if endpoint is not None:
             ep = urlsplit(endpoint)
@@ -235,6 +242,49 @@ class S3Settings:
                 raise ConfigError(f"backend option connect_timeout must be > 0 seconds, got {timeout!r}")
             values["connect_timeout"] = float(timeout)
         return cls(**values, sources=sources)
+
+
+def _resolve_endpoints(
+    options: Mapping[str, Any], env: Mapping[str, str], values: dict[str, Any], sources: dict[str, str]
+) -> None:
+    """Multi-endpoint list and strategy: option ``endpoints`` > an explicit ``endpoint_url``
+    option (one endpoint) > S3_ENDPOINT_URIS / _TEMPLATE / _FILE > AWS_ENDPOINT_URL(_S3)."""
+    from ...endpoints import STRATEGIES, endpoints_from_env, strategy_from_env
+
+    raw = options.get("endpoints")
+    if isinstance(raw, str):
+        raw = [u for u in raw.split(",") if u.strip()]
+    if raw is not None and (not isinstance(raw, (list, tuple)) or not all(isinstance(u, str) for u in raw)):
+        raise ConfigError(f"backend option endpoints must be a list of URLs or a comma list, got {raw!r}")
+    urls: list[str] = []
+    if raw:
+        urls, origin = endpoints_from_env(list(raw), {})
+        origin = "backend_options"
+    elif options.get("endpoint_url") is None:
+        multi_env = {
+            k: env[k] for k in ("S3_ENDPOINT_URIS", "S3_ENDPOINT_TEMPLATE", "S3_ENDPOINT_FILE") if k in env
+        }
+        urls, origin = endpoints_from_env(None, multi_env)
+        origin = f"environment {origin}"
+    if len(urls) > 1:
+        values["endpoints"] = tuple(urls)
+        values["endpoint_url"], sources["endpoint_url"] = urls[0], origin
+        sources["endpoints"] = origin
+    elif len(urls) == 1:  # one endpoint given the multi-endpoint way: the ordinary single path
+        values["endpoint_url"], sources["endpoint_url"] = urls[0], origin
+    strategy = options.get("lb_strategy")
+    if strategy is not None:
+        if strategy not in STRATEGIES:
+            raise ConfigError(
+                f"backend option lb_strategy={strategy!r} is not one of {', '.join(STRATEGIES)}"
+            )
+        values["lb_strategy"], sources["lb_strategy"] = strategy, "backend_options"
+        values["lb_strategy_explicit"] = True
+    else:
+        values["lb_strategy"] = strategy_from_env(env)
+        if env.get("S3_LOAD_BALANCE_STRATEGY", "").strip():
+            values["lb_strategy_explicit"] = True
+            sources["lb_strategy"] = "environment S3_LOAD_BALANCE_STRATEGY"
 
 
 def check_part_size(part_size: int) -> None:
