@@ -102,6 +102,8 @@ class S3TorchSink(S3SinkBase):
             )
         stream, self._stream = self._stream, None
         await self._run("complete upload of", stream.close)
+        # close() returns no ETag; one HEAD learns it, so a load can tell a replaced object
+        await self.size()
         return {"complete_s": time.perf_counter() - started}
 
     async def abort(self) -> None:
