@@ -3,8 +3,9 @@
 ``FaultyFront`` relays HTTP to moto and spoils chosen requests: ``cut`` forwards the head and
 half the body of a request, then closes both connections (a reset mid-part); ``busy`` reads
 the request whole and answers ``503 SlowDown`` itself; ``deny`` answers ``403 AccessDenied``.
-The pool's memoryview body of ``upload_part`` cannot be rewound by botocore, so these
-retries must be asyncckpt's own: fresh requests with the same buffer.
+``short`` relays the request but cuts its response after 1 MiB. botocore cannot rewind the
+pool's memoryview body of ``upload_part``, so these retries must be asyncckpt's own: fresh
+requests with the same buffer.
 """
 
 from __future__ import annotations
@@ -69,16 +70,21 @@ class FaultyFront:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     @staticmethod
-    async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, sent: list[int]) -> None:
+        """Responses, passed through until ``sent[0]`` bytes went by ``sent[1]`` (the cut)."""
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await src.read(1 << 16):
-                dst.write(data)
+                dst.write(data[: max(0, sent[1] - sent[0])])
+                sent[0] += len(data)
+                if sent[0] >= sent[1]:
+                    break
                 await dst.drain()
-        dst.close()
+        dst.transport.abort() if sent[0] >= sent[1] else dst.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_r, up_w = await asyncio.open_connection(*self.target)
-        back = asyncio.create_task(self._pump(up_r, writer))  # responses pass through untouched
+        sent = [0, 1 << 62]  # response bytes relayed so far; where to cut them
+        back = asyncio.create_task(self._pump(up_r, writer, sent))
         self._tasks.add(back)
         back.add_done_callback(self._tasks.discard)
         try:
@@ -92,8 +98,11 @@ class FaultyFront:
                     if self.left > 0:
                         self.left -= 1
                         self.spoiled.append(line)
-                        await self._spoil(head, low, length, reader, writer, up_w)
-                        return
+                        if self.mode == "short":  # relayed, but its response stops after 1 MiB
+                            sent[1] = sent[0] + (1 << 20)
+                        else:
+                            await self._spoil(head, low, length, reader, writer, up_w)
+                            return
                 up_w.write(head)
                 await self._relay(reader, up_w, length)
         except (asyncio.IncompleteReadError, OSError):
@@ -190,9 +199,10 @@ async def test_a_transient_fault_on_the_only_endpoint_is_retried(
     assert await uploads(s3_env, bucket) == []
 
 
-async def test_a_busy_range_read_is_retried(s3_env: MotoS3) -> None:
+@pytest.mark.parametrize("mode", ["busy", "short"], ids=["503-slowdown", "response-cut-mid-body"])
+async def test_a_failed_range_read_is_retried(s3_env: MotoS3, mode: str) -> None:
     bucket, size = await asyncio.to_thread(new_bucket, s3_env), 2 * CHUNK + 5
-    front = FaultyFront(s3_env.endpoint, "busy", lambda line: line.startswith(f"GET /{bucket}/g.bin "))
+    front = FaultyFront(s3_env.endpoint, mode, lambda line: line.startswith(f"GET /{bucket}/g.bin "))
     url = await front.start()
     try:
         async with checkpointer(s3_env.options(endpoint_url=url)) as ckpt:
