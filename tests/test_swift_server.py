@@ -257,7 +257,7 @@ def test_unavailable_swift_is_skipped_with_reason_or_fails_when_asked(
 ) -> None:
     monkeypatch.setattr(s3servers, "SwiftServer", _Unavailable)
     monkeypatch.setattr(pytestconfig.option, "s3_server", choice)
-    servers = s3servers._Servers(pytestconfig)
+    servers = s3servers.Servers(pytestconfig)
     for _ in range(2):  # remembered: the second use does not retry
         with pytest.raises(outcome, match="cannot install them here"):
             servers.get("swift")

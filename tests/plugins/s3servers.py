@@ -88,7 +88,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.realstore)
 
 
-class _Servers:
+class Servers:
     """Starts each kind once per session, on first use; remembers why Swift is unavailable."""
 
     def __init__(self, config: pytest.Config) -> None:
@@ -122,14 +122,14 @@ class _Servers:
 
 
 @pytest.fixture(scope="session")
-def s3_servers(pytestconfig: pytest.Config) -> Iterator[_Servers]:
-    servers = _Servers(pytestconfig)
+def s3_servers(pytestconfig: pytest.Config) -> Iterator[Servers]:
+    servers = Servers(pytestconfig)
     with servers.stack:
         yield servers
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint(request: pytest.FixtureRequest, s3_servers: _Servers) -> S3Endpoint:
+def s3_endpoint(request: pytest.FixtureRequest, s3_servers: Servers) -> S3Endpoint:
     kind = getattr(request, "param", None)
     if kind is None:
         pytest.fail(
@@ -140,12 +140,12 @@ def s3_endpoint(request: pytest.FixtureRequest, s3_servers: _Servers) -> S3Endpo
 
 
 @pytest.fixture(scope="session")
-def swift_endpoint(s3_servers: _Servers) -> S3Endpoint:
+def swift_endpoint(s3_servers: Servers) -> S3Endpoint:
     return s3_servers.get("swift")
 
 
 @pytest.fixture(scope="session")
-def moto_endpoint(s3_servers: _Servers) -> S3Endpoint:
+def moto_endpoint(s3_servers: Servers) -> S3Endpoint:
     return s3_servers.get("moto")
 
 
@@ -178,7 +178,7 @@ def s3_client(s3_endpoint: S3Endpoint) -> Any:
 
 
 @pytest.fixture
-def swift_small_disk(request: pytest.FixtureRequest, s3_servers: _Servers) -> Iterator[S3Endpoint]:
+def swift_small_disk(request: pytest.FixtureRequest, s3_servers: Servers) -> Iterator[S3Endpoint]:
     """A Swift of its own with its data on a tmpfs of ``request.param`` bytes (16 MiB)."""
     s3_servers.get("swift")  # skips (with the reason) when Swift is unavailable
     size = getattr(request, "param", SMALL_DISK)

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..._blocking import run_blocking
 from ...errors import MissingDependencyError, StorageError
+from .botocore_retry import allow_memoryview_retries
 from .common import S3SinkBase, log, storage_error
 
 try:
@@ -93,6 +94,7 @@ class AiobotocoreSink(S3SinkBase):
                     config=config,
                 )
             )
+            allow_memoryview_retries(self._client)  # botocore cannot rewind a memoryview body
         return self._client
 
     def _map(self, exc: Exception, action: str) -> StorageError:
