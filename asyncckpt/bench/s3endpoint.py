@@ -120,7 +120,7 @@ class S3Endpoint:
     def create_bucket(self, name: str | None = None) -> str:
         """Create a bucket (a unique ``test-…`` name when none is given) and return its name."""
         name = name or f"test-{uuid.uuid4().hex[:16]}"
-        status, body = self.request("PUT", f"/{name}")
+        status, body = self.request("PUT", f"/{name}", timeout=30.0)  # a loaded machine is slow
         if status != 200:
             text = body.decode(errors="replace")[:300]
             raise StorageError(f"create bucket {name!r} at {self.endpoint}: HTTP {status}: {text}")
