@@ -99,7 +99,7 @@ def new_bucket(server: S3Endpoint) -> str:
 
 
 def run_child_suite(
-    test_file: str, server: S3Endpoint, selection: str | None = None
+    test_file: str, server: S3Endpoint, selection: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run ``test_file``'s out-of-process backends (or ``-k selection``) in a fresh pytest process.
 
@@ -108,7 +108,7 @@ def run_child_suite(
     """
     missing = [b for b in S3_IN_CHILD if not installed(b)]
     assert not missing, f"test extras not installed: {missing} (pip install 'asyncckpt[test]')"
-    env = {**os.environ, CHILD_ENV: "1", **shared_server_env(server)}
+    env = {**os.environ, CHILD_ENV: "1", **shared_server_env(server), **(env or {})}
     cmd = [
         sys.executable,
         "-m",

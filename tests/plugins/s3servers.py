@@ -50,10 +50,20 @@ SMALL_DISK = 16 << 20
 SHARED_ENV = "ASYNCCKPT_TEST_S3_SERVER"
 
 
+def endpoint_to_json(ep: S3Endpoint) -> str:
+    """``ep`` for a child process's environment (test credentials only)."""
+    fields = {f.name: getattr(ep, f.name) for f in dataclasses.fields(ep)}
+    return json.dumps({**fields, "quirks": sorted(ep.quirks)})
+
+
+def endpoint_from_json(text: str) -> S3Endpoint:
+    fields = json.loads(text)
+    return S3Endpoint(**{**fields, "quirks": frozenset(fields["quirks"])})
+
+
 def shared_server_env(ep: S3Endpoint) -> dict[str, str]:
     """The environment that lets a child pytest use ``ep`` instead of starting its own server."""
-    fields = {f.name: getattr(ep, f.name) for f in dataclasses.fields(ep)}
-    return {SHARED_ENV: json.dumps({**fields, "quirks": sorted(ep.quirks)})}
+    return {SHARED_ENV: endpoint_to_json(ep)}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -104,9 +114,9 @@ class Servers:
             pytest.skip(
                 f"needs the {kind} S3 server, excluded by --s3-server={self.config.getoption('--s3-server')}"
             )
-        inherited = json.loads(os.environ.get(SHARED_ENV, "{}"))
-        if inherited.get("kind") == kind:  # a child suite reuses its parent's running server
-            self.started[kind] = S3Endpoint(**{**inherited, "quirks": frozenset(inherited["quirks"])})
+        inherited = endpoint_from_json(os.environ[SHARED_ENV]) if SHARED_ENV in os.environ else None
+        if inherited is not None and inherited.kind == kind:  # a child suite reuses its parent's server
+            self.started[kind] = inherited
         elif kind == "swift" and self.unavailable is None:
             try:
                 self.started[kind] = self.stack.enter_context(SwiftServer())
