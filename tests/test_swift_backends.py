@@ -21,6 +21,7 @@ from .conftest import expected_bytes
 from .plugins.s3servers import SMALL_DISK, Servers, endpoint_from_json, endpoint_to_json
 from .s3_harness import in_child, new_bucket, run_child_suite, s3_backends
 
+pytestmark = pytest.mark.realstore  # every test here needs Swift
 BACKENDS = s3_backends()
 PART = 5 * MiB
 MANY = 12  # parts of 5 MiB: more than any window of parts in flight
