@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from ..._blocking import run_blocking
 from ...endpoints import is_failover_error
 from ...errors import MissingDependencyError, StorageError
+from .botocore_retry import allow_memoryview_retries
 from .common import S3SinkBase, log, storage_error
 
 try:
@@ -94,16 +95,17 @@ class AiobotocoreSink(S3SinkBase):
                 if client is None:
                     session = await run_blocking(self.executor, _warm_session)
                     client = await self._stack.enter_async_context(self._new_client(session, url))
+                    allow_memoryview_retries(client)  # botocore cannot rewind a memoryview body
                     self._clients[url] = client
         return client
 
     def _retries(self) -> dict[str, Any]:
         """botocore's retries; with several endpoints the router's instead.
 
-        A botocore retry of ``upload_part`` must rewind the body, which the pool's memoryview
-        cannot do (UnseekableStreamError), and retrying an unreachable endpoint only delays
-        the failover; so with a router each request is tried once per endpoint, and
-        unreachable endpoints and 5xx answers move it to the next one.
+        With one endpoint botocore retries (``allow_memoryview_retries`` lets it re-send the
+        pool's memoryview bodies). With several, retrying an unreachable endpoint only delays
+        the failover; so each request is tried once per endpoint, and unreachable endpoints
+        and 5xx answers move it to the next one.
         """
         if self.router is not None:
             return {"total_max_attempts": 1, "mode": "standard"}
