@@ -4,7 +4,7 @@ Every row writes the same ``--size`` as a multipart upload of ``--part-size`` pa
 ``--in-flight`` parts in flight, then reads it back with Range GETs of ``--part-size``,
 ``--in-flight`` at a time. The libraries used directly (aiobotocore, boto3, s3dlio, minio,
 s3torchconnectorclient; whichever are installed) are the baseline; asyncckpt's S3 backends
-(names from ``asyncckpt.sinks.BACKENDS``, once merged) are measured in the same run and
+(names from ``asyncckpt.sinks.BACKENDS``) are measured in the same run and
 compared with their library's row. Client and server share this machine's cores: the server
 limits every number here (Swift ≈ 0.3–0.5 GB/s on 2 cores), so compare ratios, not absolutes.
 
@@ -280,7 +280,7 @@ def library_rows() -> dict[str, tuple[Op, Op, str]]:
     }  # fmt: skip
 
 
-# --- asyncckpt backends (rows appear once the S3 backends are merged) ---
+# --- asyncckpt backends, through the public API (save, then load without verification) ---
 
 #: asyncckpt backend → the library row it is compared with
 BASELINE_OF = {"aiobotocore": "aiobotocore-fast", "s3dlio": "s3dlio", "minio": "minio",
@@ -300,20 +300,23 @@ def asyncckpt_rows() -> dict[str, tuple[Op, Op | None, str]]:
 
         return lambda job: asyncio.run(run(job))
 
-    def load(name: str) -> Op:  # signature of load() to be confirmed when the load path is merged
+    def load(name: str) -> Op:
         async def run(job: Job) -> float:
             async with AsyncCheckpointer(backend=name, chunk_size=job.part, max_in_flight=job.inflight) as ck:
                 t0 = time.perf_counter()
-                await ck.load(f"s3://{job.bucket}/{job.key}")  # type: ignore[attr-defined]
-                return time.perf_counter() - t0
+                # pure reads, like the library rows (verification has its own benchmark)
+                result = await ck.load(f"s3://{job.bucket}/{job.key}", verify=False)
+                elapsed = time.perf_counter() - t0
+            if result.operation != "load" or result.size_bytes != job.size:
+                raise RuntimeError(
+                    f"load returned {result.operation} of {result.size_bytes} B, want {job.size}"
+                )
+            return elapsed
 
         return lambda job: asyncio.run(run(job))
 
-    can_load = hasattr(AsyncCheckpointer, "load")
     return {
-        f"asyncckpt:{n}": (save(n), load(n) if can_load else None, n)
-        for n in BACKENDS
-        if n not in ("file", "null", "memory")
+        f"asyncckpt:{n}": (save(n), load(n), n) for n in BACKENDS if n not in ("file", "null", "memory", "s3")
     }
 
 

@@ -13,7 +13,7 @@ import dgen_py
 import pytest
 
 SLOW_CALLBACK_S = 0.1
-pytest_plugins = ["tests.conftest_s3", "tests.plugins.s3servers"]
+pytest_plugins = ["tests.plugins.s3servers"]
 
 
 @pytest.fixture(autouse=True)

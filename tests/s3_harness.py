@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncckpt.bench.s3endpoint import S3Endpoint
 from asyncckpt.sinks import MEMORY_STORE, Sink, SinkOptions, make_sink
 from asyncckpt.sinks.s3 import installed
 from asyncckpt.units import MiB
 
-from .s3_server import MotoS3
+from .plugins.s3servers import shared_server_env
 
 CHUNK = 5 * MiB  # = the S3 minimum part size: moto stays fast with few, small parts
 S3_IN_PROCESS = ("aiobotocore", "minio")
@@ -46,7 +47,7 @@ class Target:
     backend: str
     executor: Executor
     tmp: Path
-    s3: MotoS3 | None = None
+    s3: S3Endpoint | None = None
     bucket: str = ""
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -93,15 +94,21 @@ class Target:
         return [u["Key"] for u in listing.get("Uploads", [])]
 
 
-def new_bucket(server: MotoS3) -> str:
+def new_bucket(server: S3Endpoint) -> str:
     return server.create_bucket(f"t-{uuid.uuid4().hex[:16]}")
 
 
-def run_child_suite(test_file: str, selection: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``test_file``'s out-of-process backends (or ``-k selection``) in a fresh pytest process."""
+def run_child_suite(
+    test_file: str, server: S3Endpoint, selection: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``test_file``'s out-of-process backends (or ``-k selection``) in a fresh pytest process.
+
+    The child tests ``server`` alone (``--s3-server=<kind>``: s3dlio configures its client once
+    per process) and reuses it rather than starting its own.
+    """
     missing = [b for b in S3_IN_CHILD if not installed(b)]
     assert not missing, f"test extras not installed: {missing} (pip install 'asyncckpt[test]')"
-    env = {**os.environ, CHILD_ENV: "1"}
+    env = {**os.environ, CHILD_ENV: "1", **shared_server_env(server), **(env or {})}
     cmd = [
         sys.executable,
         "-m",
@@ -110,6 +117,7 @@ def run_child_suite(test_file: str, selection: str | None = None) -> subprocess.
         "-q",
         "-p",
         "no:cacheprovider",
+        f"--s3-server={server.kind}",
         "-k",
         selection or " or ".join(S3_IN_CHILD),
     ]

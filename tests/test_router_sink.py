@@ -22,8 +22,12 @@ from asyncckpt.report import format_result
 from asyncckpt.sinks.s3 import installed
 
 from .conftest import expected_bytes
-from .s3_server import ACCESS_KEY, REGION, SECRET_KEY
 from .test_endpoints import Proxy, moto_endpoints  # noqa: F401 - the module-scoped fixture
+
+# moto_endpoints accepts any credentials; the secret is distinctive so leaks are detectable
+ACCESS_KEY = "testing-access-key"
+SECRET_KEY = "test-secret-Zq8vW3kP"
+REGION = "us-east-1"
 
 MiB = 1 << 20
 CHUNK = 5 * MiB

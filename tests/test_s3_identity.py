@@ -14,10 +14,10 @@ import re
 import pytest
 
 from asyncckpt import AsyncCheckpointer, ChecksumMismatchError
+from asyncckpt.bench.s3endpoint import S3Endpoint
 
 from .conftest import expected_bytes
 from .s3_harness import CHUNK, in_child, new_bucket, run_child_suite, s3_backends
-from .s3_server import MotoS3
 
 BACKENDS = s3_backends()
 #: backends whose save and whose HEAD both learn the ETag (s3dlio's stat result is not recorded)
@@ -32,14 +32,14 @@ def checkpointer(backend: str, options: dict[str, object], seed: int) -> AsyncCh
     )
 
 
-async def put_other(server: MotoS3, bucket: str, key: str, body: bytes) -> None:
+async def put_other(server: S3Endpoint, bucket: str, key: str, body: bytes) -> None:
     """Replace the object with one plain PUT from an independent client (off the loop)."""
     await asyncio.to_thread(server.client().put_object, Bucket=bucket, Key=key, Body=body)
 
 
 @pytest.mark.parametrize("size", [1000, 2 * CHUNK + 3], ids=["single-put", "multipart"])
 @pytest.mark.parametrize("backend", BACKENDS)
-async def test_a_fresh_load_has_no_identity_note(backend: str, size: int, s3_env: MotoS3) -> None:
+async def test_a_fresh_load_has_no_identity_note(backend: str, size: int, s3_env: S3Endpoint) -> None:
     bucket = await asyncio.to_thread(new_bucket, s3_env)
     async with checkpointer(backend, s3_env.options(), seed=3) as ckpt:
         saved = await ckpt.save(f"s3://{bucket}/f.bin", size)
@@ -51,7 +51,7 @@ async def test_a_fresh_load_has_no_identity_note(backend: str, size: int, s3_env
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-async def test_an_object_replaced_after_the_save_is_reported(backend: str, s3_env: MotoS3) -> None:
+async def test_an_object_replaced_after_the_save_is_reported(backend: str, s3_env: S3Endpoint) -> None:
     bucket, size = await asyncio.to_thread(new_bucket, s3_env), 2 * CHUNK + 3
     uri = f"s3://{bucket}/x.bin"
     async with checkpointer(backend, s3_env.options(), seed=4) as ckpt:
@@ -71,7 +71,7 @@ async def test_an_object_replaced_after_the_save_is_reported(backend: str, s3_en
 
 
 @pytest.mark.skipif(in_child(), reason="this is the launcher of the child suite")
-def test_out_of_process_backends_compare_identities_too() -> None:
-    proc = run_child_suite(__file__)
+def test_out_of_process_backends_compare_identities_too(s3_endpoint: S3Endpoint) -> None:
+    proc = run_child_suite(__file__, s3_endpoint)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]

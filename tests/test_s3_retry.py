@@ -18,10 +18,10 @@ from collections.abc import Callable
 import pytest
 
 from asyncckpt import AsyncCheckpointer, StorageError, StoragePermissionError
+from asyncckpt.bench.s3endpoint import S3Endpoint
 
 from .conftest import expected_bytes
 from .s3_harness import CHUNK, in_child, new_bucket
-from .s3_server import SECRET_KEY, MotoS3
 
 pytestmark = pytest.mark.skipif(in_child(), reason="aiobotocore runs in the parent process only")
 
@@ -159,7 +159,7 @@ def checkpointer(options: dict[str, object]) -> AsyncCheckpointer:
     )
 
 
-async def stored(server: MotoS3, bucket: str, key: str) -> bytes:
+async def stored(server: S3Endpoint, bucket: str, key: str) -> bytes:
     def get() -> bytes:
         body: bytes = server.client().get_object(Bucket=bucket, Key=key)["Body"].read()
         return body
@@ -167,7 +167,7 @@ async def stored(server: MotoS3, bucket: str, key: str) -> bytes:
     return await asyncio.to_thread(get)
 
 
-async def uploads(server: MotoS3, bucket: str) -> list[str]:
+async def uploads(server: S3Endpoint, bucket: str) -> list[str]:
     listing = await asyncio.to_thread(server.client().list_multipart_uploads, Bucket=bucket)
     return [u["Key"] for u in listing.get("Uploads", [])]
 
@@ -178,34 +178,34 @@ async def uploads(server: MotoS3, bucket: str) -> list[str]:
     ids=["part-reset-mid-body-twice", "part-503-slowdown", "create-503-slowdown"],
 )
 async def test_a_transient_fault_on_the_only_endpoint_is_retried(
-    s3_env: MotoS3, mode: str, match: Callable[[str], bool], times: int
+    moto_endpoint: S3Endpoint, mode: str, match: Callable[[str], bool], times: int
 ) -> None:
     """aiohttp itself resends an idempotent PUT once after a reset, silently; a second reset of
     the same part (or any 5xx) reaches botocore, which cannot rewind the memoryview body."""
-    bucket, size = await asyncio.to_thread(new_bucket, s3_env), 3 * CHUNK + 1  # 4 parts
-    front = FaultyFront(s3_env.endpoint, mode, match, times)
+    bucket, size = await asyncio.to_thread(new_bucket, moto_endpoint), 3 * CHUNK + 1  # 4 parts
+    front = FaultyFront(moto_endpoint.endpoint, mode, match, times)
     url = await front.start()
     try:
-        async with checkpointer(s3_env.options(endpoint_url=url)) as ckpt:
+        async with checkpointer(moto_endpoint.options(endpoint_url=url)) as ckpt:
             saved = await ckpt.save(f"s3://{bucket}/r.bin", size)
             loaded = await ckpt.load(f"s3://{bucket}/r.bin", verify=True)
     finally:
         await front.stop()
     assert len(front.spoiled) == times, front.matched
-    assert await stored(s3_env, bucket, "r.bin") == expected_bytes(size, CHUNK, 7)
+    assert await stored(moto_endpoint, bucket, "r.bin") == expected_bytes(size, CHUNK, 7)
     assert saved.metadata.extra["retries"] >= 1
     assert loaded.metadata.extra["retries"] == 0
     assert "identity_note" not in loaded.metadata.extra
-    assert await uploads(s3_env, bucket) == []
+    assert await uploads(moto_endpoint, bucket) == []
 
 
 @pytest.mark.parametrize("mode", ["busy", "short"], ids=["503-slowdown", "response-cut-mid-body"])
-async def test_a_failed_range_read_is_retried(s3_env: MotoS3, mode: str) -> None:
-    bucket, size = await asyncio.to_thread(new_bucket, s3_env), 2 * CHUNK + 5
-    front = FaultyFront(s3_env.endpoint, mode, lambda line: line.startswith(f"GET /{bucket}/g.bin "))
+async def test_a_failed_range_read_is_retried(moto_endpoint: S3Endpoint, mode: str) -> None:
+    bucket, size = await asyncio.to_thread(new_bucket, moto_endpoint), 2 * CHUNK + 5
+    front = FaultyFront(moto_endpoint.endpoint, mode, lambda line: line.startswith(f"GET /{bucket}/g.bin "))
     url = await front.start()
     try:
-        async with checkpointer(s3_env.options(endpoint_url=url)) as ckpt:
+        async with checkpointer(moto_endpoint.options(endpoint_url=url)) as ckpt:
             await ckpt.save(f"s3://{bucket}/g.bin", size)
             into = bytearray(size)
             loaded = await ckpt.load(f"s3://{bucket}/g.bin", verify=True, into=into)
@@ -216,28 +216,28 @@ async def test_a_failed_range_read_is_retried(s3_env: MotoS3, mode: str) -> None
     assert loaded.metadata.extra["retries"] >= 1
 
 
-async def test_a_persistent_slowdown_gives_up_after_max_attempts(s3_env: MotoS3) -> None:
-    bucket = await asyncio.to_thread(new_bucket, s3_env)
-    front = FaultyFront(s3_env.endpoint, "busy", is_part, times=10**6)
+async def test_a_persistent_slowdown_gives_up_after_max_attempts(moto_endpoint: S3Endpoint) -> None:
+    bucket = await asyncio.to_thread(new_bucket, moto_endpoint)
+    front = FaultyFront(moto_endpoint.endpoint, "busy", is_part, times=10**6)
     url = await front.start()
     try:
-        async with checkpointer(s3_env.options(endpoint_url=url, max_attempts=2)) as ckpt:
+        async with checkpointer(moto_endpoint.options(endpoint_url=url, max_attempts=2)) as ckpt:
             with pytest.raises(StorageError, match=r"upload part \d+ of s3://.*SlowDown") as info:
                 await ckpt.save(f"s3://{bucket}/p.bin", 2 * CHUNK + 1)
     finally:
         await front.stop()
     numbers = [_part_number(line) for line in front.matched]
     assert max(numbers.count(n) for n in set(numbers)) == 2, numbers  # tried twice, then gave up
-    assert SECRET_KEY not in f"{info.value!s} {info.value!r}"
-    assert await uploads(s3_env, bucket) == []
+    assert moto_endpoint.secret_key not in f"{info.value!s} {info.value!r}"
+    assert await uploads(moto_endpoint, bucket) == []
 
 
-async def test_access_denied_is_never_retried(s3_env: MotoS3) -> None:
-    bucket = await asyncio.to_thread(new_bucket, s3_env)
-    front = FaultyFront(s3_env.endpoint, "deny", is_part, times=10**6)
+async def test_access_denied_is_never_retried(moto_endpoint: S3Endpoint) -> None:
+    bucket = await asyncio.to_thread(new_bucket, moto_endpoint)
+    front = FaultyFront(moto_endpoint.endpoint, "deny", is_part, times=10**6)
     url = await front.start()
     try:
-        async with checkpointer(s3_env.options(endpoint_url=url, max_attempts=5)) as ckpt:
+        async with checkpointer(moto_endpoint.options(endpoint_url=url, max_attempts=5)) as ckpt:
             with pytest.raises(StoragePermissionError, match="AccessDenied"):
                 await ckpt.save(f"s3://{bucket}/d.bin", 2 * CHUNK + 1)
     finally:

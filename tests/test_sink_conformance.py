@@ -1,4 +1,5 @@
-"""One contract, every sink: file, memory and each S3 backend against a real moto server.
+"""One contract, every sink: file, memory and each S3 backend against each S3 server of
+``--s3-server`` (moto, a mock, and OpenStack Swift, a real store).
 
 The S3 objects are checked with an independent client (boto3), files by reading them.
 """
@@ -15,12 +16,24 @@ from pathlib import Path
 import pytest
 
 from asyncckpt import TargetNotFoundError
+from asyncckpt.bench.s3endpoint import S3Endpoint
 
+from .plugins.s3servers import selected_kinds
 from .s3_harness import CHUNK, Target, in_child, new_bucket, run_child_suite, s3_backends
-from .s3_server import MotoS3
 
-BACKENDS = s3_backends() if in_child() else ("file", "memory", *s3_backends())
+LOCAL = () if in_child() else ("file", "memory")
 SIZE = 2 * CHUNK + 12345  # three parts, the last one short
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``target``: each local sink once, each S3 backend on each selected server."""
+    if "target" not in metafunc.fixturenames:
+        return
+    params = [pytest.param((b, ""), id=b) for b in LOCAL]
+    for kind in selected_kinds(metafunc.config):
+        marks = [pytest.mark.realstore] if kind == "swift" else []
+        params += [pytest.param((b, kind), id=f"{b}-{kind}", marks=marks) for b in s3_backends()]
+    metafunc.parametrize("target", params, indirect=True)
 
 
 @pytest.fixture
@@ -30,12 +43,12 @@ def executor() -> Iterator[ThreadPoolExecutor]:
     pool.shutdown(wait=True)
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture
 def target(request: pytest.FixtureRequest, executor: ThreadPoolExecutor, tmp_path: Path) -> Target:
-    backend: str = request.param
-    if backend in ("file", "memory"):
+    backend, kind = request.param
+    if not kind:
         return Target(backend, executor, tmp_path)
-    s3: MotoS3 = request.getfixturevalue("s3_env")
+    s3: S3Endpoint = request.getfixturevalue("s3_servers").get(kind)  # skips with the reason if absent
     return Target(backend, executor, tmp_path, s3=s3, bucket=new_bucket(s3), options=s3.options())
 
 
@@ -132,8 +145,8 @@ async def test_size_of_missing_object_is_not_found(target: Target) -> None:
 
 
 @pytest.mark.skipif(in_child(), reason="this is the launcher of the child suite")
-def test_out_of_process_backends_pass_the_same_suite() -> None:
+def test_out_of_process_backends_pass_the_same_suite(s3_endpoint: S3Endpoint) -> None:
     """s3dlio and s3torchconnector run this module in a fresh process (fork safety, see harness)."""
-    proc = run_child_suite(__file__)
+    proc = run_child_suite(__file__, s3_endpoint)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]

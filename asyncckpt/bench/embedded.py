@@ -1,20 +1,23 @@
 """Local S3 servers for demos and tests: ``embedded_s3("swift" | "moto")``.
 
 Both yield the same :class:`~asyncckpt.bench.s3endpoint.S3Endpoint`. Swift is a real object
-store (separate processes, see :mod:`.embedded_swift`); moto is an in-process mock (threads
-in this process, ≈ 0.07 GB/s) that needs ``moto[server]`` (the ``test`` extra).
+store (separate processes, see :mod:`.embedded_swift`); moto is a mock (≈ 0.07 GB/s) in a
+child process that needs ``moto[server]`` (the ``test`` extra).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import importlib.util
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import ConfigError, MissingDependencyError
+from ..errors import ConfigError, MissingDependencyError, StorageError
 from .embedded_swift import SwiftServer
 from .s3endpoint import S3Endpoint
 
@@ -25,10 +28,17 @@ MOTO_SECRET_KEY = "moto-test-secret-Jp3xW9"
 
 
 class MotoServer:
-    """moto's ThreadedMotoServer on 127.0.0.1 with an OS-chosen port; a context manager."""
+    """moto's ThreadedMotoServer on 127.0.0.1 (OS-chosen port) in a child process; a context manager.
 
-    def __init__(self) -> None:
-        self._server: Any = None
+    In the caller's process moto's request handling would hold the GIL and stall its event
+    loop (up to 0.07 s per request measured in tests); as a child it competes for CPU only.
+    ``auth=True`` makes moto enforce IAM credentials after the first ``unauthenticated``
+    requests (used to provision a user). Stopping it is an immediate outage (SIGKILL).
+    """
+
+    def __init__(self, *, auth: bool = False, unauthenticated: int = 3) -> None:
+        self.auth, self.unauthenticated = auth, unauthenticated
+        self._proc: subprocess.Popen[str] | None = None
         self.endpoint: S3Endpoint | None = None
 
     def __enter__(self) -> S3Endpoint:
@@ -38,21 +48,56 @@ class MotoServer:
         self.stop()
 
     def start(self) -> S3Endpoint:
-        try:
-            from moto.server import ThreadedMotoServer
-        except ImportError:
-            raise MissingDependencyError("moto[server]", "test", "the embedded moto S3 server") from None
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self._server.start()
-        host, port = self._server.get_host_and_port()  # the port the OS actually bound
-        self.endpoint = S3Endpoint("moto", f"http://{host}:{port}", MOTO_ACCESS_KEY, MOTO_SECRET_KEY)
+        if importlib.util.find_spec("moto") is None:
+            raise MissingDependencyError("moto[server]", "test", "the embedded moto S3 server")
+        env = dict(os.environ)
+        if self.auth:
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(self.unauthenticated)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncckpt.bench.embedded", "serve-moto"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()  # "ENDPOINT http://127.0.0.1:PORT" once bound
+        if not line.startswith("ENDPOINT "):
+            proc.kill()
+            _, err = proc.communicate()
+            raise StorageError(errno.EIO, f"moto server did not start: {line!r} {err[-2000:]}")
+        proc.stderr.close()  # the child sends stderr to /dev/null before announcing itself
+        self._proc = proc
+        self.endpoint = S3Endpoint("moto", line.split()[1], MOTO_ACCESS_KEY, MOTO_SECRET_KEY)
         return self.endpoint
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-        self._server, self.endpoint = None, None
+        """Stop now (also an outage in fault tests); idempotent."""
+        proc, self._proc, self.endpoint = self._proc, None, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()
+
+
+def _serve_moto() -> None:
+    """Child side of :class:`MotoServer`: print the endpoint, serve until stdin closes."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()  # the port the OS actually bound
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)  # the parent stops reading stderr once started
+    print(f"ENDPOINT http://{host}:{port}", flush=True)
+    sys.stdin.read()
+    server.stop()
 
 
 @contextlib.contextmanager
@@ -96,3 +141,9 @@ def start_for_bench(stack: contextlib.ExitStack, kind: str) -> str:
     ep.create_bucket(BENCH_BUCKET)
     print(f"[asyncckpt] embedded {kind} S3 server at {ep.endpoint}, bucket {BENCH_BUCKET}", file=sys.stderr)
     return f"s3://{BENCH_BUCKET}/checkpoint.bin"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["serve-moto"]:
+        sys.exit("usage: python -m asyncckpt.bench.embedded serve-moto  (internal: MotoServer's child)")
+    _serve_moto()

@@ -1,4 +1,4 @@
-"""Where a local S3 server listens and how to reach it, plus a stdlib SigV4 request.
+"""Where a local S3 server listens and how to reach it (requests signed by :mod:`..sinks.s3.sigv4`).
 
 The embedded servers (Swift, moto) describe themselves with :class:`S3Endpoint`. Readiness
 checks and bucket creation sign their requests here with the standard library only, so
@@ -8,67 +8,17 @@ proof that the S3 layer and its authentication are up, not just that a port is o
 
 from __future__ import annotations
 
-import datetime
-import hashlib
-import hmac
-import http.client
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit
 
 from ..errors import StorageError
+from ..sinks.s3.sigv4 import sigv4_request
 
+__all__ = ["S3Endpoint", "sigv4_request"]
 
-def _hmac(key: bytes, msg: str) -> bytes:
-    return hmac.new(key, msg.encode(), hashlib.sha256).digest()
-
-
-def sigv4_request(
-    method: str,
-    endpoint: str,
-    path: str,
-    *,
-    access_key: str,
-    secret_key: str,
-    region: str,
-    body: bytes = b"",
-    headers: Mapping[str, str] | None = None,
-    timeout: float = 5.0,
-) -> tuple[int, bytes]:
-    """Send one SigV4-signed S3 request (path-style, no query string); return (status, body).
-
-    ``headers`` are signed too; an ``x-amz-content-sha256`` among them replaces the body hash.
-    """
-    url = urlsplit(endpoint)
-    if url.scheme != "http" or not url.hostname or not url.port:
-        raise ValueError(f"endpoint must look like http://host:port, got {endpoint!r}")
-    host = f"{url.hostname}:{url.port}"
-    now = datetime.datetime.now(datetime.UTC)
-    amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
-    hdrs = {k.lower(): v for k, v in (headers or {}).items()}
-    payload = hdrs.setdefault("x-amz-content-sha256", hashlib.sha256(body).hexdigest())
-    canonical_path = quote(path or "/", safe="/-_.~")
-    hdrs.update({"host": host, "x-amz-date": amz_date})
-    signed = ";".join(sorted(hdrs))
-    canonical = "\n".join(
-        [method, canonical_path, "", *(f"{k}:{hdrs[k]}" for k in sorted(hdrs)), "", signed, payload]
-    )
-    scope = f"{day}/{region}/s3/aws4_request"
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
-    key = _hmac(_hmac(_hmac(_hmac(f"AWS4{secret_key}".encode(), day), region), "s3"), "aws4_request")
-    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    hdrs["authorization"] = (
-        f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, SignedHeaders={signed}, Signature={signature}"
-    )
-    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
-    try:
-        conn.request(method, canonical_path, body=body or None, headers=hdrs)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
+_CLIENTS: dict[tuple[str, str, str], Any] = {}
 
 
 @dataclass(frozen=True)
@@ -127,11 +77,16 @@ class S3Endpoint:
 
         from ..sinks.s3compat import register_s3compat
 
+        cache_key = (self.endpoint, key_id or self.access_key, secret or self.secret_key)
+        if not config and cache_key in _CLIENTS:
+            return _CLIENTS[cache_key]  # boto3 clients are thread-safe; making one takes ~0.1 s
         cfg = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, **config)
         kwargs = self.client_kwargs()
-        kwargs["aws_access_key_id"] = key_id or self.access_key
-        kwargs["aws_secret_access_key"] = secret or self.secret_key
-        return register_s3compat(boto3.client("s3", config=cfg, **kwargs))
+        kwargs["aws_access_key_id"], kwargs["aws_secret_access_key"] = cache_key[1:]
+        client = register_s3compat(boto3.client("s3", config=cfg, **kwargs))
+        if not config:
+            _CLIENTS[cache_key] = client
+        return client
 
     def request(
         self,
@@ -165,7 +120,7 @@ class S3Endpoint:
     def create_bucket(self, name: str | None = None) -> str:
         """Create a bucket (a unique ``test-…`` name when none is given) and return its name."""
         name = name or f"test-{uuid.uuid4().hex[:16]}"
-        status, body = self.request("PUT", f"/{name}")
+        status, body = self.request("PUT", f"/{name}", timeout=30.0)  # a loaded machine is slow
         if status != 200:
             text = body.decode(errors="replace")[:300]
             raise StorageError(f"create bucket {name!r} at {self.endpoint}: HTTP {status}: {text}")

@@ -23,7 +23,8 @@ QUIRKS: dict[str, str] = {
         "DeleteObjects without Content-MD5 fails with InvalidRequest 'Missing required header for this "
         "request: Content-MD5' (botocore >= 1.36 sends a CRC32 instead): register add_content_md5 "
         "(see register_s3compat) or delete keys one by one. s3dlio 0.10 delete() also uses DeleteObjects "
-        "without Content-MD5 and fails on Swift the same way"
+        "without Content-MD5 (and has no single-object delete): the s3dlio sink then sends one signed "
+        "DELETE itself (asyncckpt.sinks.s3.sigv4)"
     ),
     "no-partnumber-get": (
         "GET/HEAD with PartNumber= is refused with 405 MethodNotAllowed: read parts with Range GETs"
@@ -39,7 +40,8 @@ QUIRKS: dict[str, str] = {
     ),
     "full-is-503": (
         "a full disk shows as 503 ServiceUnavailable 'Please reduce your request rate', the same code as "
-        "throttling: after retries are exhausted, report it as 'out of space or overloaded'"
+        "throttling: after retries are exhausted, every S3 sink reports it as 'out of space or overloaded' "
+        "(asyncckpt.sinks.s3.common.UNAVAILABLE_HINT)"
     ),
 }
 

@@ -12,15 +12,18 @@ Interface — what S3 suites rely on (registered in tests/conftest.py via ``pyte
   :data:`asyncckpt.sinks.s3compat.QUIRKS`) and ``env()`` (AWS_* variables), ``options(**extra)``
   (S3 ``backend_options``), ``client_kwargs()`` (for boto3/aiobotocore), ``client()`` (a boto3
   client, path style, one attempt, Swift workarounds), ``create_bucket(name=None) -> str`` (a
-  fresh unique bucket), ``request()`` (a signed raw request). ``endpoint``/``env()``/``options()``
-  /``client()``/``create_bucket(name)`` match the S3 branch's ``tests/s3_server.MotoS3``, so its
-  fixtures can take an ``S3Endpoint`` instead. Any test or fixture
+  fresh unique bucket), ``request()`` (a signed raw request). Any test or fixture
   that uses ``s3_endpoint`` (directly or through another fixture) runs once per server.
   Swift cases carry the ``realstore`` marker (``-m "not realstore"`` leaves them out).
   A test needing a server that ``--s3-server`` excludes is skipped with that reason.
+- ``s3_env``: ``s3_endpoint`` with the process's AWS_* variables pointing at it (others
+  removed) and the working directory a fresh tmp dir (no stray ``.env``).
 - ``s3_bucket``: a fresh bucket on ``s3_endpoint``. ``s3_client``: a boto3 client for it
   (path style, one attempt, Swift's DeleteObjects workaround registered) to verify results.
 - ``swift_endpoint`` / ``moto_endpoint``: one server only (session scope).
+- moto runs in a child process (:class:`asyncckpt.bench.embedded.MotoServer`): in the test
+  process it would hold the GIL and stall event loops the blocking-call detector watches.
+- A child pytest started with :func:`shared_server_env` reuses the parent's server.
 - ``swift_small_disk``: a separate Swift whose data lives on a small tmpfs (root only;
   16 MiB, or ``request.param`` bytes via indirect parametrization), for full-disk tests.
 """
@@ -28,7 +31,11 @@ Interface — what S3 suites rely on (registered in tests/conftest.py via ``pyte
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,6 +46,24 @@ from asyncckpt.bench.s3endpoint import S3Endpoint
 
 KINDS = ("moto", "swift")
 SMALL_DISK = 16 << 20
+#: JSON of a running server's S3Endpoint, set by tests/s3_harness.run_child_suite for its child
+SHARED_ENV = "ASYNCCKPT_TEST_S3_SERVER"
+
+
+def endpoint_to_json(ep: S3Endpoint) -> str:
+    """``ep`` for a child process's environment (test credentials only)."""
+    fields = {f.name: getattr(ep, f.name) for f in dataclasses.fields(ep)}
+    return json.dumps({**fields, "quirks": sorted(ep.quirks)})
+
+
+def endpoint_from_json(text: str) -> S3Endpoint:
+    fields = json.loads(text)
+    return S3Endpoint(**{**fields, "quirks": frozenset(fields["quirks"])})
+
+
+def shared_server_env(ep: S3Endpoint) -> dict[str, str]:
+    """The environment that lets a child pytest use ``ep`` instead of starting its own server."""
+    return {SHARED_ENV: endpoint_to_json(ep)}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -73,7 +98,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.realstore)
 
 
-class _Servers:
+class Servers:
     """Starts each kind once per session, on first use; remembers why Swift is unavailable."""
 
     def __init__(self, config: pytest.Config) -> None:
@@ -89,7 +114,10 @@ class _Servers:
             pytest.skip(
                 f"needs the {kind} S3 server, excluded by --s3-server={self.config.getoption('--s3-server')}"
             )
-        if kind == "swift" and self.unavailable is None:
+        inherited = endpoint_from_json(os.environ[SHARED_ENV]) if SHARED_ENV in os.environ else None
+        if inherited is not None and inherited.kind == kind:  # a child suite reuses its parent's server
+            self.started[kind] = inherited
+        elif kind == "swift" and self.unavailable is None:
             try:
                 self.started[kind] = self.stack.enter_context(SwiftServer())
             except SwiftUnavailableError as exc:
@@ -104,36 +132,49 @@ class _Servers:
 
 
 @pytest.fixture(scope="session")
-def _s3_servers(pytestconfig: pytest.Config) -> Iterator[_Servers]:
-    servers = _Servers(pytestconfig)
+def s3_servers(pytestconfig: pytest.Config) -> Iterator[Servers]:
+    servers = Servers(pytestconfig)
     with servers.stack:
         yield servers
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint(request: pytest.FixtureRequest, _s3_servers: _Servers) -> S3Endpoint:
+def s3_endpoint(request: pytest.FixtureRequest, s3_servers: Servers) -> S3Endpoint:
     kind = getattr(request, "param", None)
     if kind is None:
         pytest.fail(
             "s3_endpoint was requested dynamically (getfixturevalue), so it is not parametrized by "
             "server: add pytestmark = pytest.mark.usefixtures('s3_endpoint') to the test module"
         )
-    return _s3_servers.get(kind)
+    return s3_servers.get(kind)
 
 
 @pytest.fixture(scope="session")
-def swift_endpoint(_s3_servers: _Servers) -> S3Endpoint:
-    return _s3_servers.get("swift")
+def swift_endpoint(s3_servers: Servers) -> S3Endpoint:
+    return s3_servers.get("swift")
 
 
 @pytest.fixture(scope="session")
-def moto_endpoint(_s3_servers: _Servers) -> S3Endpoint:
-    return _s3_servers.get("moto")
+def moto_endpoint(s3_servers: Servers) -> S3Endpoint:
+    return s3_servers.get("moto")
 
 
 @pytest.fixture
 def s3_bucket(s3_endpoint: S3Endpoint) -> str:
     return s3_endpoint.create_bucket()
+
+
+@pytest.fixture
+def s3_env(s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> S3Endpoint:
+    """``s3_endpoint``, with every AWS_* variable pointing at it and nothing else of AWS leaking in."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    for name, value in s3_endpoint.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.chdir(tmp_path)  # no stray .env from the working directory
+    return s3_endpoint
 
 
 def boto3_client(ep: S3Endpoint, **config: Any) -> Any:
@@ -147,9 +188,9 @@ def s3_client(s3_endpoint: S3Endpoint) -> Any:
 
 
 @pytest.fixture
-def swift_small_disk(request: pytest.FixtureRequest, _s3_servers: _Servers) -> Iterator[S3Endpoint]:
+def swift_small_disk(request: pytest.FixtureRequest, s3_servers: Servers) -> Iterator[S3Endpoint]:
     """A Swift of its own with its data on a tmpfs of ``request.param`` bytes (16 MiB)."""
-    _s3_servers.get("swift")  # skips (with the reason) when Swift is unavailable
+    s3_servers.get("swift")  # skips (with the reason) when Swift is unavailable
     size = getattr(request, "param", SMALL_DISK)
     try:
         server = SwiftServer(tmpfs_size=size)

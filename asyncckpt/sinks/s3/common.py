@@ -37,9 +37,26 @@ DENIED_CODES = (
 )
 
 
+#: how a 503 looks in each library's error (code or text): S3 throttling, or a full store
+UNAVAILABLE_MARKERS = (
+    "ServiceUnavailable",
+    "Service Unavailable",
+    "SlowDown",
+    "503 error responses",  # urllib3 (minio) after its retries
+    "reduce your request rate",
+    "Request throttled",  # Mountpoint (s3torchconnector)
+)
+UNAVAILABLE_HINT = (
+    " (the server answered 503 Service Unavailable after retries: it is out of space or overloaded; "
+    "OpenStack Swift reports a full disk this way; free space or lower the request rate)"
+)
+
+
 def storage_error(code: str, message: str, what: str, settings: S3Settings) -> StorageError:
     """The asyncckpt error for an S3 error ``code`` (or free text containing one)."""
     text = settings.scrub(f"{what}: {message}")
+    if any(m in code or m in message for m in UNAVAILABLE_MARKERS):
+        return StorageError(errno.EIO, text + UNAVAILABLE_HINT)
     if any(c in code for c in NOT_FOUND_CODES):
         return TargetNotFoundError(errno.ENOENT, text)
     if any(c in code for c in DENIED_CODES):

@@ -22,6 +22,7 @@ from typing import Any
 from ..._blocking import run_blocking
 from ...errors import ConfigError, MissingDependencyError, StorageError
 from .common import InOrder, S3SinkBase, export_to_environment, log, storage_error
+from .sigv4 import error_code, error_message, request_with_settings
 
 try:
     import s3dlio
@@ -29,6 +30,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise MissingDependencyError("s3dlio", "s3dlio", "backend 's3dlio' (s3://)") from exc
 
 _configured: tuple[object, ...] | None = None
+#: endpoints seen refusing s3dlio's DeleteObjects: later deletes go straight to a plain DELETE
+_NEEDS_PLAIN_DELETE: set[str | None] = set()
 _config_lock = threading.Lock()
 
 
@@ -177,7 +180,42 @@ class S3dlioSink(S3SinkBase):
     async def delete(self) -> None:
         self._object_size = None
         _configure(self)
-        await self._run("delete", s3dlio.delete, self.uri)
+        endpoint = self.settings.endpoint_url
+        if endpoint not in _NEEDS_PLAIN_DELETE:
+            try:
+                await run_blocking(self.executor, s3dlio.delete, self.uri)
+                return
+            except Exception as exc:
+                if "Content-MD5" not in str(exc):
+                    raise self._map(exc, "delete") from None
+                # s3dlio 0.10 deletes through DeleteObjects without Content-MD5; stores that
+                # follow the S3 spec strictly (OpenStack Swift) refuse it: one plain DELETE works
+                log.info(
+                    "endpoint %s refuses s3dlio's DeleteObjects (Content-MD5); deleting with DELETE", endpoint
+                )
+                _NEEDS_PLAIN_DELETE.add(endpoint)
+        await run_blocking(self.executor, self._plain_delete_sync)
+
+    def _plain_delete_sync(self) -> None:
+        """One SigV4-signed ``DELETE`` of this object (404 counts as deleted, as in S3)."""
+        s = self.settings
+        try:
+            status, body = request_with_settings(s, "DELETE", self.bucket, self.key)
+        except ValueError as exc:
+            raise StorageError(
+                errno.EOPNOTSUPP,
+                self.what("delete") + ": the server refuses s3dlio's DeleteObjects (no Content-MD5) and "
+                f"the plain DELETE asyncckpt sends instead {exc}",
+            ) from None
+        except OSError as exc:
+            raise storage_error(
+                "", f"cannot reach the endpoint ({type(exc).__name__}: {exc})", self.what("delete"), s
+            ) from None
+        if status in (200, 204, 404):
+            return
+        code = error_code(body) or str(status)
+        text = f"HTTP {status} {code}: {error_message(body) or 'no message'}"
+        raise storage_error(code, text, self.what("delete"), s)
 
     async def aclose(self) -> None:
         await self.abort()

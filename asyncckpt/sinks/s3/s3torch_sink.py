@@ -11,6 +11,7 @@ library exposes no single PUT.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import time
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from ..._blocking import run_blocking
 from ...errors import MissingDependencyError, StorageError
 from .common import InOrder, S3SinkBase, export_to_environment, log, storage_error
+from .sigv4 import upload_ids
 
 try:
     from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client, S3Exception
@@ -25,6 +27,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise MissingDependencyError(
         "s3torchconnectorclient", "s3torchconnector", "backend 's3torchconnector' (s3://)"
     ) from exc
+
+
+ABORT_WAIT_S = 10.0  # how long abort() waits for the CRT's background abort to show
 
 
 class S3TorchSink(S3SinkBase):
@@ -112,8 +117,43 @@ class S3TorchSink(S3SinkBase):
 
     async def abort(self) -> None:
         stream, self._stream = self._stream, None
-        if stream is not None:
-            del stream  # the last reference: Mountpoint aborts an unclosed upload when dropped
+        if stream is None:
+            return
+        del stream  # the last reference: Mountpoint aborts an unclosed upload when dropped
+        await self._wait_aborted()
+
+    async def _wait_aborted(self) -> None:
+        """Return once no upload of this key is listed: the CRT aborts in the background.
+
+        Dropping the stream only *starts* the abort (on Swift the upload stayed listed for
+        ≈ 0.15-0.2 s); the sink contract is that nothing is left once ``abort`` returns, so
+        poll ListMultipartUploads (signed here: the binding cannot list uploads) up to
+        :data:`ABORT_WAIT_S`. An upload of the same key left by someone else is reported for
+        cleanup, never deleted.
+        """
+        deadline = time.monotonic() + ABORT_WAIT_S
+        delay = 0.02
+        while True:
+            try:
+                left = await run_blocking(self.executor, upload_ids, self.settings, self.bucket, self.key)
+            except (OSError, ValueError) as exc:  # no explicit credentials, or the server is gone
+                log.info("cannot confirm the abort of s3://%s/%s: %s", self.bucket, self.key, exc)
+                return
+            if not left:
+                return
+            if time.monotonic() >= deadline:
+                self.cleanup_needed = ", ".join(left)
+                log.warning(
+                    "upload(s) %s of s3://%s/%s still listed %.0f s after the abort; "
+                    "list_multipart_uploads shows them for cleanup",
+                    self.cleanup_needed,
+                    self.bucket,
+                    self.key,
+                    ABORT_WAIT_S,
+                )
+                return
+            await asyncio.sleep(delay)  # polling the server's state, bounded by the deadline
+            delay = min(delay * 2, 0.5)
 
     def _read_sync(self, offset: int, buf: memoryview) -> int:
         n = 0
