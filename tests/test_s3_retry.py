@@ -181,7 +181,8 @@ async def test_a_transient_fault_on_the_only_endpoint_is_retried(
     moto_endpoint: S3Endpoint, mode: str, match: Callable[[str], bool], times: int
 ) -> None:
     """aiohttp itself resends an idempotent PUT once after a reset, silently; a second reset of
-    the same part (or any 5xx) reaches botocore, which cannot rewind the memoryview body."""
+    the same part (or any 5xx) reaches the sink, which resends the same memoryview (botocore's
+    own retry could not rewind it: UnseekableStreamError before this fix)."""
     bucket, size = await asyncio.to_thread(new_bucket, moto_endpoint), 3 * CHUNK + 1  # 4 parts
     front = FaultyFront(moto_endpoint.endpoint, mode, match, times)
     url = await front.start()
