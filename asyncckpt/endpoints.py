@@ -44,7 +44,8 @@ T = TypeVar("T")
 STRATEGIES = ("round_robin", "least_connections", "rank")
 ENV_VARS = ("S3_ENDPOINT_URIS", "S3_ENDPOINT_TEMPLATE", "S3_ENDPOINT_FILE", "AWS_ENDPOINT_URL")
 _RANGE = re.compile(r"\{(\d+)\.\.\.(\d+)\}")
-#: exceptions (by class name, so no client library is imported) meaning "endpoint unreachable"
+#: exceptions (by class name, so no client library is imported) meaning "endpoint unreachable",
+#: or the connection broke mid-response (a range GET's body ended short)
 _FAILOVER_NAMES = frozenset(
     {
         "EndpointConnectionError",
@@ -55,6 +56,8 @@ _FAILOVER_NAMES = frozenset(
         "ClientOSError",
         "ServerDisconnectedError",
         "ServerTimeoutError",
+        "ClientPayloadError",
+        "ResponseStreamingError",
     }
 )
 _FAILOVER_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH})

@@ -57,15 +57,28 @@ class LoadState:
 
 
 def identity_note(manifest: Manifest, facts: dict[str, Any], uri: str) -> str:
-    """A sentence for error messages when the object is not the version the save published."""
+    """A sentence for error messages when the object is not the version the save published.
+
+    Only fields known on both sides are compared: a backend whose save or HEAD learns no ETag
+    (``None``) proves nothing either way. ETags compare without their optional quotes (S3
+    sends ``"…"``, minio strips them), so a save and a load through different libraries agree.
+    """
     saved, found = _flat(manifest.identity()), _flat({k: facts[k] for k in manifest.identity() if k in facts})
     notes = []
-    changed = [f"{k} {saved[k]} → {found[k]}" for k in found if k in saved and found[k] != saved[k]]
+    changed = [
+        f"{k} {saved[k]} → {found[k]}"
+        for k in found
+        if saved.get(k) is not None and found[k] is not None and _norm(k, found[k]) != _norm(k, saved[k])
+    ]
     if changed:
         notes.append(f"the object changed after the save ({', '.join(changed)})")
     if manifest.object != object_name(uri):
         notes.append(f"the manifest names object {manifest.object!r}, not {object_name(uri)!r}")
     return "; ".join(notes)
+
+
+def _norm(key: str, value: Any) -> Any:
+    return value.strip('"') if key == "etag" and isinstance(value, str) else value
 
 
 def _flat(identity: dict[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,12 @@ Several endpoints (front ends of one store, see ``asyncckpt.endpoints``): one cl
 endpoint, made when the endpoint is first used; each ``upload_part`` and each range GET goes through
 the :class:`EndpointRouter` (strategy, failover to another endpoint, per-endpoint statistics);
 create/complete/abort/HEAD/DELETE go to one endpoint, the next one when it is unreachable.
-Only the router retries then (see ``_retries``). With one endpoint none of this runs.
+With one endpoint none of this runs.
+
+Retries are asyncckpt's, never botocore's (see ``_retries``): botocore must rewind a body to
+resend it, and the pool's memoryview (zero-copy) cannot be rewound. A transient failure
+(connection reset or refused, timeout, 5xx, throttling) is retried as a fresh request with the
+same buffer: on another endpoint by the router, or on the one endpoint by ``_retrying``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import random
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -26,7 +32,6 @@ from typing import Any, TypeVar
 from ..._blocking import run_blocking
 from ...endpoints import is_failover_error
 from ...errors import MissingDependencyError, StorageError
-from .botocore_retry import allow_memoryview_retries
 from .common import S3SinkBase, log, storage_error
 
 try:
@@ -39,17 +44,41 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 T = TypeVar("T")
 _session: AioSession | None = None
 _session_lock = threading.Lock()
+#: error codes botocore's standard retry mode treats as transient or throttling (some are 4xx)
+_TRANSIENT_CODES = frozenset(
+    {
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "PriorRequestNotComplete",
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+    }
+)
+_BACKOFF_BASE_S = 0.1
+_BACKOFF_CAP_S = 5.0
 
 
 def _server_busy(exc: BaseException) -> bool:
-    """A 5xx answer (500 InternalError, 503 SlowDown, ...): worth a try on another endpoint.
-
-    With several endpoints botocore does not retry (see ``AiobotocoreSink._retries``).
-    """
+    """A 5xx or 429 answer, or a throttling/timeout code (503 SlowDown, 400 RequestTimeout, ...):
+    worth another try, on another endpoint when there are several (not marked down)."""
     if not isinstance(exc, ClientError):
         return False
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return isinstance(status, int) and status >= 500
+    code = exc.response.get("Error", {}).get("Code")
+    return (isinstance(status, int) and (status >= 500 or status == 429)) or code in _TRANSIENT_CODES
+
+
+def _backoff(attempt: int) -> float:
+    """Seconds before retry ``attempt`` (1, 2, ...): exponential, capped, half of it jittered."""
+    step = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2.0 ** (attempt - 1))
+    return step / 2 + random.uniform(0, step / 2)
 
 
 def _warm_session() -> AioSession:
@@ -84,7 +113,7 @@ class AiobotocoreSink(S3SinkBase):
         self._upload_id: str | None = None
         self._etags: dict[int, str] = {}
         self._small: bytes | None = None
-        self.retries = 0  # botocore reports RetryAttempts per response
+        self.retries = 0  # asyncckpt's retries on the one endpoint (the router counts its own)
 
     async def _s3(self, url: str | None) -> Any:
         """The client for endpoint ``url``, made on its first use (once per sink)."""
@@ -95,21 +124,17 @@ class AiobotocoreSink(S3SinkBase):
                 if client is None:
                     session = await run_blocking(self.executor, _warm_session)
                     client = await self._stack.enter_async_context(self._new_client(session, url))
-                    allow_memoryview_retries(client)  # botocore cannot rewind a memoryview body
                     self._clients[url] = client
         return client
 
     def _retries(self) -> dict[str, Any]:
-        """botocore's retries; with several endpoints the router's instead.
+        """botocore makes one attempt per call; asyncckpt retries (``_retrying``, the router).
 
-        With one endpoint botocore retries (``allow_memoryview_retries`` lets it re-send the
-        pool's memoryview bodies). With several, retrying an unreachable endpoint only delays
-        the failover; so each request is tried once per endpoint, and unreachable endpoints
-        and 5xx answers move it to the next one.
+        A botocore retry of ``upload_part`` must rewind the body, which the pool's memoryview
+        cannot do (UnseekableStreamError), and with several endpoints retrying an unreachable
+        one only delays the failover. One policy for every call keeps the counts honest.
         """
-        if self.router is not None:
-            return {"total_max_attempts": 1, "mode": "standard"}
-        return {"max_attempts": self.settings.max_attempts, "mode": "standard"}
+        return {"total_max_attempts": 1, "mode": "standard"}
 
     def _new_client(self, session: AioSession, url: str | None) -> Any:
         s = self.settings
@@ -156,9 +181,26 @@ class AiobotocoreSink(S3SinkBase):
     async def _raw(self, url: str | None, method: str, **kwargs: Any) -> Any:
         """One botocore call on endpoint ``url``; foreign exceptions pass through."""
         client = await self._s3(url)
-        response = await getattr(client, method)(Bucket=self.bucket, Key=self.key, **kwargs)
-        self.retries = (self.retries or 0) + int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
-        return response
+        return await getattr(client, method)(Bucket=self.bucket, Key=self.key, **kwargs)
+
+    async def _retrying(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """``await fn()`` on the one endpoint, up to ``max_attempts`` times while it fails
+        transiently (unreachable, timeout, 5xx, throttling); never after a 4xx like AccessDenied.
+
+        Each retry is a fresh request with the same arguments (a part's memoryview is sent
+        again, not copied), counted in ``retries``, after a short exponential backoff.
+        """
+        attempts = self.settings.max_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                return await fn()
+            except Exception as exc:
+                if attempt >= attempts or not (is_failover_error(exc) or _server_busy(exc)):
+                    raise
+                log.debug("retrying after %s (attempt %d of %d)", type(exc).__name__, attempt, attempts)
+            self.retries = (self.retries or 0) + 1
+            await asyncio.sleep(_backoff(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _control(self, method: str, **kwargs: Any) -> Any:
         """A one-off request on one endpoint; an unreachable one is marked down, the next tried."""
@@ -178,7 +220,8 @@ class AiobotocoreSink(S3SinkBase):
     async def _call(self, action: str, method: str, **kwargs: Any) -> Any:
         try:
             if self.router is None:
-                return await self._raw(self.settings.endpoint_url, method, **kwargs)
+                url = self.settings.endpoint_url
+                return await self._retrying(lambda: self._raw(url, method, **kwargs))
             return await self._control(method, **kwargs)
         except Exception as exc:  # the boundary with botocore: everything leaves as StorageError
             if isinstance(exc, StorageError):
@@ -189,7 +232,8 @@ class AiobotocoreSink(S3SinkBase):
         """``fn(endpoint)`` on the one endpoint, or through the router (failover, statistics)."""
         try:
             if self.router is None:
-                return await fn(self.settings.endpoint_url)
+                url = self.settings.endpoint_url
+                return await self._retrying(lambda: fn(url))
             return await self.router.call(fn, nbytes, retry_on=_server_busy)
         except Exception as exc:
             if isinstance(exc, StorageError):

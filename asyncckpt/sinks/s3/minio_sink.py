@@ -182,6 +182,7 @@ class MinioSink(S3SinkBase):
 
     async def _head_size(self) -> int:
         stat = await self._run("stat", self._client.stat_object, self.bucket, self.key)
+        self.etag = stat.etag  # the load compares it with the saved one
         return int(stat.size)
 
     async def delete(self) -> None:

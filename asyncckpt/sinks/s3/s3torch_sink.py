@@ -107,6 +107,12 @@ class S3TorchSink(S3SinkBase):
             )
         stream, self._stream = self._stream, None
         await self._run("complete upload of", stream.close)
+        # close() returns no ETag; one HEAD learns it, so a load can tell a replaced object. The
+        # object is published by now: a failed HEAD only loses that check, not the save
+        try:
+            await self.size()
+        except StorageError as exc:
+            log.warning("saved, but its ETag is unknown (a replaced object goes unnoticed): %s", exc)
         return {"complete_s": time.perf_counter() - started}
 
     async def abort(self) -> None:
