@@ -316,7 +316,9 @@ class ProcessSink(Sink):
         return done
 
     async def size(self) -> int:
-        return int(await self._call("size"))
+        size = int(await self._call("size"))
+        self._facts = await self._call("describe")  # what the HEAD learnt (ETag) for the load
+        return size
 
     async def delete(self) -> None:
         await self._call("delete")

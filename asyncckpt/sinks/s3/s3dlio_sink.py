@@ -139,7 +139,9 @@ class S3dlioSink(S3SinkBase):
                 raise StorageError(errno.EIO, self.what("complete") + ": object data was not written")
             small, self._small = self._small, None
             await self._run("put", s3dlio.put_bytes, self.uri, small)
-            return {"put_s": time.perf_counter() - started}
+            put_s = time.perf_counter() - started
+            self.etag = (await self._run("stat", s3dlio.stat, self.uri)).get("etag")  # put returns none
+            return {"put_s": put_s}
         if self._order.next != self._size:
             raise StorageError(
                 errno.EIO, self.what("complete") + f": {self._order.next} of {self._size} B written"
@@ -175,6 +177,7 @@ class S3dlioSink(S3SinkBase):
     async def _head_size(self) -> int:
         _configure(self)
         info = await self._run("stat", s3dlio.stat, self.uri)
+        self.etag = info.get("etag")  # a load compares it with the manifest's
         return int(info["size"])
 
     async def delete(self) -> None:
