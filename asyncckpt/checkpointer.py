@@ -281,8 +281,6 @@ class AsyncCheckpointer(LoadsMixin):
         counts = label_chunks(recs, in_flight)
         src, snk = source.describe(), sink.describe()
         snk.setdefault("isolation", "none")
-        if "gen_nice" in src:
-            snk["gen_nice"] = src["gen_nice"]
         cfg, budget = self.config, self._budget
         meta = RunMetadata(
             backend=sink.backend,

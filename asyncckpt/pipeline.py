@@ -78,8 +78,6 @@ async def stream(
             rec.nbytes, rec.fill_s = await source.fill(buf.view[:want], executor)
             if rec.nbytes != want:
                 raise RuntimeError(f"source produced {rec.nbytes} of {want} bytes at {offset}")
-            # checksummed on the pooled buffer before anyone else sees it; timed on its own
-            rec.checksum, rec.checksum_s = await run_blocking(executor, timed_crc, buf.view[:want])
             out.records.append(rec)
             queue.put_nowait((buf, rec))  # unbounded: the pool is the bound
             offset += want
@@ -94,10 +92,17 @@ async def stream(
             if item is None:
                 return
             buf, rec = item
+            view = buf.view[: rec.nbytes]
             rec.t_write_start = now()
             rec.wait_data_s = rec.t_write_start - t0
-            inner = await sink.write_part(rec.offset, buf.view[: rec.nbytes])
-            rec.t_write_end = now()
+            # the checksum reads the buffer while it is being written: off the producer's
+            # serial path (fill then checksum would halve what generation can feed), timed
+            # on its own, and the buffer is released only when both are done
+            async with asyncio.TaskGroup() as both:
+                summing = both.create_task(run_blocking(executor, timed_crc, view))
+                inner = await sink.write_part(rec.offset, view)
+                rec.t_write_end = now()
+            rec.checksum, rec.checksum_s = summing.result()
             rec.write_s = inner if inner is not None else rec.t_write_end - rec.t_write_start
             held.discard(buf)
             pool.release(buf)  # only now: the write has completed

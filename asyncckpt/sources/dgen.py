@@ -15,7 +15,7 @@ import os
 import threading
 from typing import Any
 
-from ..errors import ConfigError, MissingDependencyError
+from ..errors import MissingDependencyError
 from .base import ThreadedSource
 
 log = logging.getLogger("asyncckpt")
@@ -25,42 +25,11 @@ _pool_threads: int | None = None  # verified size of dgen-py's pool in this proc
 _pool_requested: int | None = None
 
 
-GEN_NICE_ENV = "ASYNCCKPT_GEN_NICE"
-DEFAULT_GEN_NICE = 5
-_pool_nice: int | None = None
-
-
 def _thread_ids() -> set[int]:
     try:
         return {int(t) for t in os.listdir("/proc/self/task")}
     except OSError:  # pragma: no cover - no procfs
         return set()
-
-
-def _gen_nice() -> int:
-    raw = os.environ.get(GEN_NICE_ENV, "").strip()
-    try:
-        return int(raw) if raw else DEFAULT_GEN_NICE
-    except ValueError:
-        raise ConfigError(f"{GEN_NICE_ENV}={raw!r} is not an integer niceness") from None
-
-
-def _lower_priority(tids: set[int], nice: int) -> int | None:
-    """Make the generator's threads yield the CPU to the event loop (and the writers).
-
-    With every core busy generating, a waking event-loop thread otherwise waits for the
-    scheduler to preempt a generator thread: milliseconds of lag for a training loop. A lower
-    weight changes nothing while a core is free, so generation keeps its full speed then.
-    """
-    if nice <= 0:
-        return 0
-    try:
-        for tid in tids:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
-    except OSError as exc:  # e.g. a seccomp profile without setpriority
-        log.warning("could not lower the generator threads' priority: %s", exc)
-        return None
-    return nice
 
 
 def _import_dgen() -> Any:
@@ -73,20 +42,18 @@ def _import_dgen() -> Any:
 
 def _start_pool(threads: int) -> None:
     """Start dgen-py's pool with ``threads`` workers, once per process, and measure it."""
-    global _pool_threads, _pool_requested, _pool_nice
+    global _pool_threads, _pool_requested
     with _lock:
         if _pool_requested is not None:
             return
         dgen_py = _import_dgen()
         os.environ["DGEN_THREADS"] = str(threads)
         os.environ["RAYON_NUM_THREADS"] = str(threads)
-        nice = _gen_nice()
         before = _thread_ids()
         dgen_py.Generator(size=4096, seed=0)
         new = _thread_ids() - before
         # The pool adds its workers plus one helper thread (measured with DGEN_THREADS=1,2,5).
         started = len(new) - 1
-        _pool_nice = _lower_priority(new, nice)
         _pool_requested = threads
         _pool_threads = started if started >= 1 else None
         if _pool_threads is not None and _pool_threads != threads:
@@ -96,11 +63,6 @@ def _start_pool(threads: int) -> None:
                 _pool_threads,
                 threads,
             )
-
-
-def pool_nice() -> int | None:
-    """Niceness given to dgen-py's threads (0: unchanged; None: could not be set)."""
-    return _pool_nice
 
 
 def pool_threads() -> tuple[int | None, int | None]:
@@ -134,5 +96,4 @@ class DgenSource(ThreadedSource):
             "seed": self.seed,
             "gen_threads": verified,
             "gen_threads_requested": requested,
-            "gen_nice": _pool_nice,
         }
