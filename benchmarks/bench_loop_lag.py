@@ -20,10 +20,12 @@ from asyncckpt import AsyncCheckpointer, parse_size
 from asyncckpt.monitor import LoopMonitor
 
 
-async def measure(uri: str, size: int, chunk: int, idle_s: float) -> dict[str, Any]:
+async def measure(uri: str, size: int, chunk: int, idle_s: float, threads: int | None) -> dict[str, Any]:
     async with LoopMonitor(0.001) as idle:
         await asyncio.sleep(idle_s)
-    async with AsyncCheckpointer(chunk_size=chunk, num_buffers=8, monitor_interval=0.001) as ckpt:
+    async with AsyncCheckpointer(
+        chunk_size=chunk, num_buffers=8, monitor_interval=0.001, gen_threads=threads
+    ) as ckpt:
         await ckpt.save(uri, chunk)  # warm-up
         result = await ckpt.save(uri, size)
         await ckpt.delete(uri)
@@ -53,13 +55,14 @@ def main() -> None:
     p.add_argument("--chunk-size", default="32MiB")
     p.add_argument("--target", choices=("file", "null"), default="file")
     p.add_argument("--dir", default=None)
+    p.add_argument("--gen-threads", type=int, default=None, help="override the generator's threads")
     args = p.parse_args()
     size, chunk = parse_size(args.size), parse_size(args.chunk_size)
     rows = []
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="asyncckpt-lag-") as tmp:
         uri = str(Path(tmp) / "ckpt.bin") if args.target == "file" else "null://lag"
         for loop in ("asyncio", "uvloop"):
-            row = run(loop, lambda: measure(uri, size, chunk, 1.0))
+            row = run(loop, lambda: measure(uri, size, chunk, 1.0, args.gen_threads))
             rows.append({"loop": loop, **row, "target_p99_le_2ms": row["save_p99_ms"] <= 2.0})
     emit(
         "loop_lag",

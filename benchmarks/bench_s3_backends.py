@@ -172,6 +172,10 @@ async def via_asyncckpt(a: argparse.Namespace, backend: str) -> dict[str, Any]:
         backend=backend,
         backend_options={**options, "max_in_flight": a.max_in_flight},
         seed=SEED,
+        # each backend already runs in a spawned process of its own, like its direct row; a
+        # pool worker may not start the writer process s3dlio would otherwise get
+        # (benchmarks/bench_isolation.py measures that process's cost)
+        isolation="none",
     ) as ckpt:
         await ckpt.save(f"s3://{a.bucket}/warmup", a.part_size)  # pool touch, client setup
         r = await ckpt.save(f"s3://{a.bucket}/asyncckpt", a.size)

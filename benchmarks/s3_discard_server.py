@@ -90,6 +90,8 @@ class Handler(BaseHTTPRequestHandler):
                 f"<Bucket>{bucket}</Bucket><Key>{key}</Key><ETag>{etag}</ETag></CompleteMultipartUploadResult>"
             )
             return self._reply(200, body)
+        if "delete" in q:  # DeleteObjects (s3dlio's only delete): accepted; the body is not kept
+            return self._reply(200, f"<DeleteResult {NS}></DeleteResult>")
         return self._reply(400, f"<Error><Code>NotImplemented</Code><Message>{self.path}</Message></Error>")
 
     def do_PUT(self) -> None:
