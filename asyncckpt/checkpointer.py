@@ -19,7 +19,7 @@ from .metrics import RunMetadata, SaveResult, label_chunks, summarize_records
 from .monitor import LoopMonitor, now
 from .pipeline import PipelineTimes, ProgressFn, stream, write_preallocated
 from .pool import BufferPool
-from .runinfo import environment_facts
+from .runinfo import run_facts
 from .sinks import SinkOptions, make_sink, resolve_backend
 from .sinks.base import Sink
 from .sources import CallerData, make_source
@@ -285,8 +285,6 @@ class AsyncCheckpointer(LoadsMixin):
         meta = RunMetadata(
             backend=sink.backend,
             uri=sink.uri,
-            direct_io=bool(snk.pop("direct_io", False)),
-            direct_io_reason=str(snk.pop("direct_io_reason", "")),
             chunk_size=cfg.chunk_size,
             num_buffers=cfg.num_buffers,
             pool_bytes=cfg.pool_bytes if method == "streaming" else size,
@@ -295,12 +293,8 @@ class AsyncCheckpointer(LoadsMixin):
             seed=src.get("seed"),
             gen_threads=src.get("gen_threads"),
             gen_threads_requested=src.get("gen_threads_requested", budget.threads),
-            usable_cpus=budget.usable_cpus,
-            local_ranks=budget.local_ranks,
-            local_ranks_source=budget.local_ranks_source,
             fsync=cfg.fsync,
-            extra=snk,
-            **environment_facts(),
+            **run_facts(budget, snk),
         )
         return SaveResult(
             operation="save",

@@ -24,7 +24,7 @@ from .manifest import manifest_uri, read_manifest
 from .metrics import RunMetadata, SaveResult, summarize_records
 from .monitor import LoopMonitor, now
 from .pool import BufferPool
-from .runinfo import environment_facts
+from .runinfo import run_facts
 from .sinks.base import Sink
 from .topology import ThreadBudget
 from .verify import Verifier, make_verifier
@@ -253,8 +253,6 @@ class LoadsMixin:
         meta = RunMetadata(
             backend=state.backend,
             uri=state.uri,
-            direct_io=bool(facts.pop("direct_io", False)),
-            direct_io_reason=str(facts.pop("direct_io_reason", "")),
             chunk_size=recs[0].nbytes if len(recs) > 1 else max((r.nbytes for r in recs), default=0),
             num_buffers=self.config.num_buffers,
             pool_bytes=self.config.pool_bytes,
@@ -263,12 +261,8 @@ class LoadsMixin:
             seed=m.seed,
             gen_threads=budget.threads if state.verify_mode == "regenerate" else None,
             gen_threads_requested=budget.threads if state.verify_mode == "regenerate" else None,
-            usable_cpus=budget.usable_cpus,
-            local_ranks=budget.local_ranks,
-            local_ranks_source=budget.local_ranks_source,
             fsync=False,
-            extra=facts,
-            **environment_facts(),
+            **run_facts(budget, facts),
         )
         return SaveResult(
             operation="load",

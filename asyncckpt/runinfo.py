@@ -8,6 +8,8 @@ import platform
 import socket
 from typing import Any
 
+from .topology import ThreadBudget
+
 _PACKAGES = (
     "asyncckpt",
     "dgen-py",
@@ -39,6 +41,20 @@ def event_loop_name() -> str:
         return "none"
     module = type(loop).__module__.split(".")[0]
     return "uvloop" if module == "uvloop" else "asyncio"
+
+
+def run_facts(budget: ThreadBudget, sink_facts: dict[str, Any]) -> dict[str, Any]:
+    """The RunMetadata fields saves and loads share; the sink's direct-I/O facts move out of
+    ``sink_facts`` into their own fields and the rest becomes ``extra``."""
+    return {
+        "direct_io": bool(sink_facts.pop("direct_io", False)),
+        "direct_io_reason": str(sink_facts.pop("direct_io_reason", "")),
+        "usable_cpus": budget.usable_cpus,
+        "local_ranks": budget.local_ranks,
+        "local_ranks_source": budget.local_ranks_source,
+        "extra": sink_facts,
+        **environment_facts(),
+    }
 
 
 def environment_facts() -> dict[str, Any]:
