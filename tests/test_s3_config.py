@@ -110,3 +110,42 @@ def test_missing_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setitem(S3_BACKENDS, "minio", ("minio_sink", "MinioSink", "no_such_pkg_for_test", "minio"))
     with pytest.raises(MissingDependencyError, match=r"pip install 'asyncckpt\[minio\]'"):
         sink_class("minio")
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (
+            "HEAD for s3://b/k failed: service error: NotFound (no message) (req 1f403ab)",
+            "TargetNotFoundError",
+        ),
+        ("service error: AccessDenied (req 404f)", "StoragePermissionError"),
+        ("HEAD failed: status 404", "TargetNotFoundError"),
+        ("HEAD failed: status 403", "StoragePermissionError"),
+    ],
+)
+def test_s3dlio_errors_map_by_name_not_by_digits_in_ids(message: str, expected: str) -> None:
+    pytest.importorskip("s3dlio", reason="s3dlio is part of the test extra")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asyncckpt.sinks import SinkOptions, make_sink
+
+    with ThreadPoolExecutor(1) as executor:
+        options = SinkOptions(extra={"endpoint_url": "http://127.0.0.1:9", "dotenv": False})
+        sink = make_sink("s3://bucket/key", backend="s3dlio", executor=executor, options=options)
+        err = sink._map(RuntimeError(message), "stat")  # type: ignore[attr-defined]
+    assert type(err).__name__ == expected, str(err)
+
+
+def test_status_digits_inside_names_are_not_statuses() -> None:
+    from asyncckpt.errors import StoragePermissionError, TargetNotFoundError
+    from asyncckpt.sinks.s3.common import storage_error
+    from asyncckpt.sinks.s3.config import S3Settings
+
+    settings = S3Settings.resolve({"endpoint_url": "http://127.0.0.1:9", "dotenv": False})
+    denied = "SignatureDoesNotMatch on s3://t-96f7ea404ee64d81/ckpt.bin"
+    assert isinstance(storage_error(denied, denied, "put", settings), StoragePermissionError)
+    missing = "NoSuchKey: s3://b-403f/k"
+    assert isinstance(storage_error(missing, missing, "get", settings), TargetNotFoundError)
+    plain = "timeout talking to s3://b-404e/k"
+    assert type(storage_error(plain, plain, "get", settings)).__name__ == "StorageError"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import re
 import time
 from abc import abstractmethod
 from dataclasses import replace
@@ -37,6 +38,10 @@ DENIED_CODES = (
 )
 
 
+# whole words only: "404" inside a bucket name or request id ("t-96f7ea404ee…") is no status
+_NOT_FOUND = re.compile(r"\b(?:" + "|".join(NOT_FOUND_CODES) + r")\b")
+_DENIED = re.compile(r"\b(?:" + "|".join(DENIED_CODES) + r")\b")
+
 #: how a 503 looks in each library's error (code or text): S3 throttling, or a full store
 UNAVAILABLE_MARKERS = (
     "ServiceUnavailable",
@@ -57,9 +62,9 @@ def storage_error(code: str, message: str, what: str, settings: S3Settings) -> S
     text = settings.scrub(f"{what}: {message}")
     if any(m in code or m in message for m in UNAVAILABLE_MARKERS):
         return StorageError(errno.EIO, text + UNAVAILABLE_HINT)
-    if any(c in code for c in NOT_FOUND_CODES):
+    if _NOT_FOUND.search(code):
         return TargetNotFoundError(errno.ENOENT, text)
-    if any(c in code for c in DENIED_CODES):
+    if _DENIED.search(code):
         hint = " (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN and the bucket policy)"
         return StoragePermissionError(errno.EACCES, text + hint)
     return StorageError(errno.EIO, text)

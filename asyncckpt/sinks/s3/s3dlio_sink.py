@@ -15,6 +15,7 @@ s3dlio call: run this backend in a spawn/forkserver writer process (issue 3 isol
 from __future__ import annotations
 
 import errno
+import re
 import threading
 import time
 from typing import Any
@@ -58,6 +59,9 @@ def _configure(sink: S3dlioSink) -> None:
             )
 
 
+_DENIED_NAMES = ("AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+
+
 class S3dlioSink(S3SinkBase):
     """``s3://bucket/key`` through s3dlio."""
 
@@ -74,10 +78,18 @@ class S3dlioSink(S3SinkBase):
     def _map(self, exc: BaseException, action: str) -> StorageError:
         text = str(exc)
         code = text
-        if "403" in text or "Forbidden" in text:
-            code = "AccessDenied"
-        elif "404" in text or "not found" in text.lower():
+        # names first, then whole-word status codes: a request id such as "…f403a…" in the
+        # message must not turn a missing object into a permission error
+        if any(n in text for n in ("NotFound", "NoSuchKey", "NoSuchBucket")) or "not found" in text.lower():
             code = "NotFound"
+        elif any(
+            n in text for n in ("AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+        ):
+            code = "AccessDenied"
+        elif re.search(r"\b404\b", text):
+            code = "NotFound"
+        elif re.search(r"\b403\b", text):
+            code = "AccessDenied"
         elif "connect" in text.lower() or "dispatch failure" in text.lower():
             return storage_error(
                 "",
