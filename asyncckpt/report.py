@@ -49,7 +49,7 @@ def format_result(r: SaveResult) -> str:
         RULE,
         f"Throughput:        {gbps(r.throughput_bps)}  ({gib(r.size_bytes)} in {r.wall_s:.3f} s, end to end)",
         f"Generation:        {r.gen_s:.3f} s @ {gbps(d['gen_bps'])}  (pure fill time)",
-        f"Checksum:          {r.checksum_s:.3f} s @ {gbps(d['checksum_bps'])}  (CRC32C, in the producer)",
+        f"Checksum:          {r.checksum_s:.3f} s @ {gbps(d['checksum_bps'])}  (CRC32C, beside each write)",
         f"I/O:               {r.io_s:.3f} s @ {gbps(d['io_bps'])}",
         f"  - write:         {r.write_s:.3f} s",
         f"  - close:         {r.close_s:.3f} s ({close or 'no detail'})",
