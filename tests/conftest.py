@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -62,3 +63,22 @@ def expected_bytes(size: int, chunk_size: int, seed: int) -> bytes:
 
 def files_in(path: Path) -> list[str]:
     return sorted(p.name for p in path.iterdir())
+
+
+def mount(path: Path, fstype: str, options: str | None) -> bool:
+    """Mount a file system for a test (root only); False when that is not possible."""
+    if os.geteuid() != 0:
+        return False
+    cmd = ["mount", "-t", fstype, *(["-o", options] if options else []), fstype, str(path)]
+    return subprocess.run(cmd, capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def ramfs(tmp_path: Path) -> Iterator[Path]:
+    """A ramfs mount: a real file system that refuses O_DIRECT (tmpfs accepts it since 6.6)."""
+    mnt = tmp_path / "ramfs"
+    mnt.mkdir()
+    if not mount(mnt, "ramfs", None):
+        pytest.skip("mounting ramfs needs root (CI runs as root)")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)

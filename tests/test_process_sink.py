@@ -30,7 +30,6 @@ from asyncckpt.sinks import SinkOptions
 from asyncckpt.units import MiB
 
 from .conftest import expected_bytes, files_in
-from .test_save_file import _mount
 
 CHUNK = 1 * MiB
 
@@ -61,17 +60,6 @@ def writer() -> multiprocessing.process.BaseProcess:
     children = [p for p in multiprocessing.active_children() if p.name == "asyncckpt-writer"]
     assert len(children) == 1, children
     return children[0]
-
-
-@pytest.fixture
-def ramfs(tmp_path: Path) -> Iterator[Path]:
-    """A real file system that refuses O_DIRECT, so the child's open fails."""
-    mnt = tmp_path / "ramfs"
-    mnt.mkdir()
-    if not _mount(mnt, "ramfs", None):
-        pytest.skip("mounting ramfs needs root (CI runs as root)")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.fixture

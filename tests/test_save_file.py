@@ -20,16 +20,9 @@ from asyncckpt import (
 )
 from asyncckpt.units import MiB
 
-from .conftest import expected_bytes, files_in
+from .conftest import expected_bytes, files_in, mount
 
 CHUNK = 1 * MiB
-
-
-def _mount(path: Path, fstype: str, options: str | None) -> bool:
-    if os.geteuid() != 0:
-        return False
-    cmd = ["mount", "-t", fstype, *(["-o", options] if options else []), fstype, str(path)]
-    return subprocess.run(cmd, capture_output=True).returncode == 0
 
 
 @pytest.mark.parametrize("size", [CHUNK, 5 * CHUNK, 3 * CHUNK + 12345, 4096 * 7 + 1, 100])
@@ -69,30 +62,19 @@ async def test_direct_io_engaged_on_disk(tmp_path: Path) -> None:
     assert result.metadata.direct_io_reason == "O_DIRECT accepted"
 
 
-@pytest.fixture
-def no_direct_dir(tmp_path: Path) -> Iterator[Path]:
-    """A ramfs mount: a real file system that refuses O_DIRECT (tmpfs accepts it since 6.6)."""
-    mnt = tmp_path / "ramfs"
-    mnt.mkdir()
-    if not _mount(mnt, "ramfs", None):
-        pytest.skip("mounting ramfs needs root (CI runs as root)")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
-
-
-async def test_direct_io_refused_falls_back_with_reason(no_direct_dir: Path) -> None:
+async def test_direct_io_refused_falls_back_with_reason(ramfs: Path) -> None:
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=1) as ckpt:
-        result = await ckpt.save(no_direct_dir / "f.bin", 2 * CHUNK + 1)
+        result = await ckpt.save(ramfs / "f.bin", 2 * CHUNK + 1)
     assert result.metadata.direct_io is False
     assert "refused" in result.metadata.direct_io_reason
-    assert (no_direct_dir / "f.bin").read_bytes() == expected_bytes(2 * CHUNK + 1, CHUNK, 1)
+    assert (ramfs / "f.bin").read_bytes() == expected_bytes(2 * CHUNK + 1, CHUNK, 1)
 
 
-async def test_direct_io_demanded_but_refused_is_an_error(no_direct_dir: Path) -> None:
+async def test_direct_io_demanded_but_refused_is_an_error(ramfs: Path) -> None:
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, direct_io=True) as ckpt:
         with pytest.raises(DirectIOError, match="direct_io=True"):
-            await ckpt.save(no_direct_dir / "f.bin", CHUNK)
-    assert files_in(no_direct_dir) == []
+            await ckpt.save(ramfs / "f.bin", CHUNK)
+    assert files_in(ramfs) == []
 
 
 async def test_overwrite_is_atomic_and_failure_keeps_old_file(tmp_path: Path) -> None:
@@ -175,7 +157,7 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB file system, so ENOSPC is real."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if not _mount(mnt, "tmpfs", "size=4m"):
+    if not mount(mnt, "tmpfs", "size=4m"):
         pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
     yield mnt
     subprocess.run(["umount", str(mnt)], check=True)

@@ -14,11 +14,10 @@ from collections.abc import Iterator
 import pytest
 
 from asyncckpt import AsyncCheckpointer, MiB, StorageError
-from asyncckpt.bench.embedded_swift import SwiftServer, SwiftUnavailableError
 from asyncckpt.bench.s3endpoint import S3Endpoint
 
 from .conftest import expected_bytes
-from .plugins.s3servers import SMALL_DISK, Servers, endpoint_from_json, endpoint_to_json
+from .plugins.s3servers import SMALL_DISK, Servers, endpoint_from_json, endpoint_to_json, small_disk_swift
 from .s3_harness import in_child, new_bucket, run_child_suite, s3_backends
 
 pytestmark = pytest.mark.realstore  # every test here needs Swift
@@ -97,15 +96,8 @@ def small_disk(s3_servers: Servers) -> Iterator[S3Endpoint]:
     if SMALL_DISK_ENV in os.environ:
         yield endpoint_from_json(os.environ[SMALL_DISK_ENV])
         return
-    server = SwiftServer(tmpfs_size=SMALL_DISK)
-    try:
-        ep = server.start()
-    except SwiftUnavailableError as exc:
-        pytest.skip(f"full-disk Swift unavailable: {exc}")
-    try:
+    with small_disk_swift(SMALL_DISK) as ep:
         yield ep
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

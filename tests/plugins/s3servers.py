@@ -191,9 +191,15 @@ def s3_client(s3_endpoint: S3Endpoint) -> Any:
 def swift_small_disk(request: pytest.FixtureRequest, s3_servers: Servers) -> Iterator[S3Endpoint]:
     """A Swift of its own with its data on a tmpfs of ``request.param`` bytes (16 MiB)."""
     s3_servers.get("swift")  # skips (with the reason) when Swift is unavailable
-    size = getattr(request, "param", SMALL_DISK)
+    with small_disk_swift(getattr(request, "param", SMALL_DISK)) as ep:
+        yield ep
+
+
+@contextlib.contextmanager
+def small_disk_swift(size: int) -> Iterator[S3Endpoint]:
+    """Start a Swift with its data on a ``size``-byte tmpfs (skip if unavailable); stop it after."""
+    server = SwiftServer(tmpfs_size=size)
     try:
-        server = SwiftServer(tmpfs_size=size)
         ep = server.start()
     except SwiftUnavailableError as exc:
         pytest.skip(f"full-disk Swift unavailable: {exc}")
