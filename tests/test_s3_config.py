@@ -100,8 +100,9 @@ def test_uri_parsing() -> None:
 
 
 def test_auto_backend_and_registration() -> None:
-    assert resolve_backend("s3://b/k") == "s3"
     assert auto_backend() == ("s3dlio" if installed("s3dlio") else "aiobotocore")
+    assert resolve_backend("s3://b/k") == auto_backend()  # the library, not the scheme
+    assert resolve_backend("s3://b/k", "s3") == auto_backend()
     for name in S3_BACKENDS:
         assert resolve_backend("s3://b/k", name) == name
 

@@ -1,18 +1,13 @@
 """Transient S3 faults on ONE endpoint are retried by asyncckpt, against a real moto server.
 
-``FaultyFront`` relays HTTP to moto and spoils chosen requests: ``cut`` forwards the head and
-half the body of a request, then closes both connections (a reset mid-part); ``busy`` reads
-the request whole and answers ``503 SlowDown`` itself; ``deny`` answers ``403 AccessDenied``.
-``short`` relays the request but cuts its response after 1 MiB. botocore cannot rewind the
-pool's memoryview body of ``upload_part``, so these retries must be asyncckpt's own: fresh
+A ``FaultyFront`` (tests/relay.py) before moto spoils chosen requests. botocore cannot rewind
+the pool's memoryview body of ``upload_part``, so these retries must be asyncckpt's own: fresh
 requests with the same buffer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import re
 from collections.abc import Callable
 
 import pytest
@@ -21,131 +16,10 @@ from asyncckpt import AsyncCheckpointer, StorageError, StoragePermissionError
 from asyncckpt.bench.s3endpoint import S3Endpoint
 
 from .conftest import expected_bytes
+from .relay import FaultyFront, is_create, is_part, is_part_2, part_number
 from .s3_harness import CHUNK, in_child, new_bucket
 
 pytestmark = pytest.mark.skipif(in_child(), reason="aiobotocore runs in the parent process only")
-
-_PART = re.compile(r"^PUT \S*partNumber=(\d+)")
-
-
-def is_part(line: str) -> bool:
-    return _PART.match(line) is not None
-
-
-def is_part_2(line: str) -> bool:
-    return (m := _PART.match(line)) is not None and m.group(1) == "2"
-
-
-def is_create(line: str) -> bool:
-    return line.startswith("POST ") and line.split()[1].endswith("?uploads")
-
-
-#: mode → (status, reason, S3 error code, message) of the answer the front end gives itself
-ANSWERS = {
-    "busy": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
-    "deny": (403, "Forbidden", "AccessDenied", "Access Denied"),
-}
-
-
-class FaultyFront:
-    """An HTTP/1.1 relay on 127.0.0.1 in front of moto that spoils matching requests."""
-
-    def __init__(self, target: str, mode: str, match: Callable[[str], bool], times: int = 1) -> None:
-        host, port = target.removeprefix("http://").split(":")
-        self.target = (host, int(port))
-        self.mode, self.match, self.left = mode, match, times
-        self.spoiled: list[str] = []  # request lines that were spoiled
-        self.matched: list[str] = []  # every matching request line seen
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def stop(self) -> None:
-        self.server.close()
-        await self.server.wait_closed()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    @staticmethod
-    async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, sent: list[int]) -> None:
-        """Responses, passed through until ``sent[0]`` bytes went by ``sent[1]`` (the cut)."""
-        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-            while data := await src.read(1 << 16):
-                dst.write(data[: max(0, sent[1] - sent[0])])
-                sent[0] += len(data)
-                if sent[0] >= sent[1]:
-                    break
-                await dst.drain()
-        dst.transport.abort() if sent[0] >= sent[1] else dst.close()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_r, up_w = await asyncio.open_connection(*self.target)
-        sent = [0, 1 << 62]  # response bytes relayed so far; where to cut them
-        back = asyncio.create_task(self._pump(up_r, writer, sent))
-        self._tasks.add(back)
-        back.add_done_callback(self._tasks.discard)
-        try:
-            while True:  # one request per turn: clients do not pipeline
-                head = await reader.readuntil(b"\r\n\r\n")
-                text = head.decode("latin-1")
-                line, low = text.split("\r\n", 1)[0], text.lower()
-                length = int(m.group(1)) if (m := re.search(r"content-length:\s*(\d+)", low)) else 0
-                if self.match(line):
-                    self.matched.append(line)
-                    if self.left > 0:
-                        self.left -= 1
-                        self.spoiled.append(line)
-                        if self.mode == "short":  # relayed, but its response stops after 1 MiB
-                            sent[1] = sent[0] + (1 << 20)
-                        else:
-                            await self._spoil(head, low, length, reader, writer, up_w)
-                            return
-                up_w.write(head)
-                await self._relay(reader, up_w, length)
-        except (asyncio.IncompleteReadError, OSError):
-            pass
-        finally:
-            up_w.transport.abort()
-            writer.transport.abort()
-
-    @staticmethod
-    async def _relay(reader: asyncio.StreamReader, dst: asyncio.StreamWriter, n: int) -> None:
-        while n > 0:
-            data = await reader.read(min(n, 1 << 16))
-            if not data:
-                raise asyncio.IncompleteReadError(b"", n)
-            dst.write(data)
-            await dst.drain()
-            n -= len(data)
-
-    async def _spoil(
-        self,
-        head: bytes,
-        low: str,
-        length: int,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        up_w: asyncio.StreamWriter,
-    ) -> None:
-        if self.mode == "cut":  # moto sees half a request; the client a reset mid-body
-            up_w.write(head)
-            await self._relay(reader, up_w, length // 2)
-            return
-        status, reason, code, message = ANSWERS[self.mode]
-        if "expect: 100-continue" in low:
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        await reader.readexactly(length)
-        body = f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
-        payload = b"" if low.startswith("head ") else body.encode()
-        writer.write(
-            f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nConnection: close\r\n"
-            f"Content-Length: {len(payload)}\r\n\r\n".encode()
-            + payload
-        )
-        await writer.drain()
 
 
 def checkpointer(options: dict[str, object]) -> AsyncCheckpointer:
@@ -227,7 +101,7 @@ async def test_a_persistent_slowdown_gives_up_after_max_attempts(moto_endpoint: 
                 await ckpt.save(f"s3://{bucket}/p.bin", 2 * CHUNK + 1)
     finally:
         await front.stop()
-    numbers = [_part_number(line) for line in front.matched]
+    numbers = [part_number(line) for line in front.matched]
     assert max(numbers.count(n) for n in set(numbers)) == 2, numbers  # tried twice, then gave up
     assert moto_endpoint.secret_key not in f"{info.value!s} {info.value!r}"
     assert await uploads(moto_endpoint, bucket) == []
@@ -243,11 +117,5 @@ async def test_access_denied_is_never_retried(moto_endpoint: S3Endpoint) -> None
                 await ckpt.save(f"s3://{bucket}/d.bin", 2 * CHUNK + 1)
     finally:
         await front.stop()
-    numbers = [_part_number(line) for line in front.matched]
+    numbers = [part_number(line) for line in front.matched]
     assert numbers and len(numbers) == len(set(numbers)), numbers  # each part tried once
-
-
-def _part_number(line: str) -> int:
-    m = _PART.match(line)
-    assert m is not None, line
-    return int(m.group(1))

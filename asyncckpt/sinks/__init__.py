@@ -10,7 +10,7 @@ from ..errors import UnsupportedSchemeError
 from .base import Sink, SinkOptions
 from .file import FileSink, path_from_uri
 from .memory import MEMORY_STORE, MemorySink, NullSink
-from .s3 import S3_BACKENDS, factory, make_auto
+from .s3 import S3_BACKENDS, auto_backend, factory, make_auto
 
 SinkFactory = Callable[..., Sink]
 
@@ -41,18 +41,22 @@ def scheme_of(uri: str) -> str:
 
 
 def resolve_backend(uri: str, backend: str | None = None) -> str:
-    """The backend name for ``uri``: explicit, else the scheme's default."""
+    """The name of the library that will serve ``uri``: explicit, else the scheme's default.
+
+    ``s3`` (the scheme's default, or asked for by name) is resolved here to the S3 library that
+    is installed, so every decision taken from the name (isolation above all: s3dlio's runtime
+    must not run in the caller) sees the library that will really run.
+    """
     scheme = scheme_of(uri)
     if scheme not in SCHEMES:
         known = ", ".join(f"{s}://" for s in sorted(SCHEMES) if s) + ", or a plain path"
         raise UnsupportedSchemeError(f"unsupported URI scheme {scheme!r} in {uri!r}; use {known}")
-    if backend is None:
-        return SCHEMES[scheme]
-    if backend not in BACKENDS:
+    if backend is not None and backend not in BACKENDS:
         raise UnsupportedSchemeError(
             f"unknown backend {backend!r}; choose one of {', '.join(sorted(BACKENDS))}"
         )
-    return backend
+    name = SCHEMES[scheme] if backend is None else backend
+    return auto_backend() if name == "s3" else name
 
 
 def make_sink(uri: str, *, backend: str | None, executor: Executor, options: SinkOptions) -> Sink:

@@ -1,0 +1,152 @@
+"""An HTTP/1.1 relay on 127.0.0.1 in front of a test S3 server that spoils or counts requests.
+
+``FaultyFront`` relays HTTP to moto and spoils chosen requests: ``cut`` forwards the head and
+half the body of a request, then closes both connections (a reset mid-part); ``busy`` reads
+the request whole and answers ``503 SlowDown`` itself; ``deny`` answers ``403 AccessDenied``.
+``short`` relays the request but cuts its response after 1 MiB; ``pass`` spoils nothing.
+Every matching request's body relay is counted, so ``peak`` is the most matching requests the
+server was receiving at once (how many parts a client really keeps in flight).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import Callable
+
+_PART = re.compile(r"^PUT \S*partNumber=(\d+)")
+
+
+def is_part(line: str) -> bool:
+    return _PART.match(line) is not None
+
+
+def part_number(line: str) -> int:
+    m = _PART.match(line)
+    assert m is not None, line
+    return int(m.group(1))
+
+
+def is_part_2(line: str) -> bool:
+    return (m := _PART.match(line)) is not None and m.group(1) == "2"
+
+
+def is_create(line: str) -> bool:
+    return line.startswith("POST ") and line.split()[1].endswith("?uploads")
+
+
+#: mode → (status, reason, S3 error code, message) of the answer the front end gives itself
+ANSWERS = {
+    "busy": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
+    "deny": (403, "Forbidden", "AccessDenied", "Access Denied"),
+}
+
+
+class FaultyFront:
+    """An HTTP/1.1 relay on 127.0.0.1 in front of moto that spoils matching requests."""
+
+    def __init__(self, target: str, mode: str, match: Callable[[str], bool], times: int = 1) -> None:
+        host, port = target.removeprefix("http://").split(":")
+        self.target = (host, int(port))
+        self.mode, self.match, self.left = mode, match, times
+        self.spoiled: list[str] = []  # request lines that were spoiled
+        self.matched: list[str] = []  # every matching request line seen
+        self.active = 0  # matching requests whose body is being relayed now
+        self.peak = 0  # the most there ever were at once
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def stop(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    @staticmethod
+    async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, sent: list[int]) -> None:
+        """Responses, passed through until ``sent[0]`` bytes went by ``sent[1]`` (the cut)."""
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while data := await src.read(1 << 16):
+                dst.write(data[: max(0, sent[1] - sent[0])])
+                sent[0] += len(data)
+                if sent[0] >= sent[1]:
+                    break
+                await dst.drain()
+        dst.transport.abort() if sent[0] >= sent[1] else dst.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection(*self.target)
+        sent = [0, 1 << 62]  # response bytes relayed so far; where to cut them
+        back = asyncio.create_task(self._pump(up_r, writer, sent))
+        self._tasks.add(back)
+        back.add_done_callback(self._tasks.discard)
+        try:
+            while True:  # one request per turn: clients do not pipeline
+                head = await reader.readuntil(b"\r\n\r\n")
+                text = head.decode("latin-1")
+                line, low = text.split("\r\n", 1)[0], text.lower()
+                length = int(m.group(1)) if (m := re.search(r"content-length:\s*(\d+)", low)) else 0
+                if self.match(line):
+                    self.matched.append(line)
+                    if self.left > 0:
+                        self.left -= 1
+                        self.spoiled.append(line)
+                        if self.mode == "short":  # relayed, but its response stops after 1 MiB
+                            sent[1] = sent[0] + (1 << 20)
+                        else:
+                            await self._spoil(head, low, length, reader, writer, up_w)
+                            return
+                up_w.write(head)
+                counted = self.match(line)
+                self.active += counted
+                self.peak = max(self.peak, self.active)
+                try:
+                    await self._relay(reader, up_w, length)
+                finally:
+                    self.active -= counted
+        except (asyncio.IncompleteReadError, OSError):
+            pass
+        finally:
+            up_w.transport.abort()
+            writer.transport.abort()
+
+    @staticmethod
+    async def _relay(reader: asyncio.StreamReader, dst: asyncio.StreamWriter, n: int) -> None:
+        while n > 0:
+            data = await reader.read(min(n, 1 << 16))
+            if not data:
+                raise asyncio.IncompleteReadError(b"", n)
+            dst.write(data)
+            await dst.drain()
+            n -= len(data)
+
+    async def _spoil(
+        self,
+        head: bytes,
+        low: str,
+        length: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up_w: asyncio.StreamWriter,
+    ) -> None:
+        if self.mode == "cut":  # moto sees half a request; the client a reset mid-body
+            up_w.write(head)
+            await self._relay(reader, up_w, length // 2)
+            return
+        status, reason, code, message = ANSWERS[self.mode]
+        if "expect: 100-continue" in low:
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await reader.readexactly(length)
+        body = f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
+        payload = b"" if low.startswith("head ") else body.encode()
+        writer.write(
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        await writer.drain()

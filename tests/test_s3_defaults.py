@@ -1,0 +1,52 @@
+"""``s3://`` with default options: the design's defaults, checked at a real server.
+
+Two defects of the first version: the URI resolved to the name ``s3``, which the isolation
+policy did not isolate, and the factory then chose s3dlio anyway (its Tokio runtime inside the
+caller); and an isolated writer took its window from the factory function (1 part) instead of
+the backend class. A relay before moto counts the parts the server receives at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from asyncckpt import AsyncCheckpointer
+from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.isolation import resolve_policy
+from asyncckpt.sinks import resolve_backend
+from asyncckpt.sinks.s3 import installed
+
+from .relay import FaultyFront, is_part
+from .s3_harness import CHUNK, in_child, new_bucket
+
+pytestmark = [
+    pytest.mark.skipif(in_child(), reason="runs in the parent test process only"),
+    pytest.mark.skipif(not installed("s3dlio"), reason="s3dlio is not installed"),
+]
+
+
+def test_s3_uri_resolves_to_the_library_that_will_run_before_isolation_is_decided() -> None:
+    name = resolve_backend("s3://bucket/key")
+    assert name == "s3dlio"
+    assert resolve_policy(name, isolation="auto").isolation == "process"
+
+
+@pytest.mark.parametrize("backend", [None, "s3dlio"], ids=["s3-scheme-default", "s3dlio-named"])
+async def test_default_s3_save_is_isolated_and_keeps_several_parts_in_flight(
+    moto_endpoint: S3Endpoint, backend: str | None
+) -> None:
+    bucket = await asyncio.to_thread(new_bucket, moto_endpoint)
+    front = FaultyFront(moto_endpoint.endpoint, "pass", is_part, times=0)
+    url = await front.start()
+    try:
+        async with AsyncCheckpointer(
+            chunk_size=CHUNK, num_buffers=4, backend=backend, backend_options=moto_endpoint.options(endpoint_url=url)
+        ) as ckpt:
+            result = await ckpt.save(f"s3://{bucket}/defaults.bin", 6 * CHUNK)
+    finally:
+        await front.stop()
+    assert result.metadata.backend == "s3dlio"
+    assert result.metadata.extra["isolation"] == "process", result.metadata.extra
+    assert len(front.matched) == 6, front.matched
