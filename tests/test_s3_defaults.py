@@ -42,11 +42,16 @@ async def test_default_s3_save_is_isolated_and_keeps_several_parts_in_flight(
     url = await front.start()
     try:
         async with AsyncCheckpointer(
-            chunk_size=CHUNK, num_buffers=4, backend=backend, backend_options=moto_endpoint.options(endpoint_url=url)
+            chunk_size=CHUNK,
+            num_buffers=4,
+            backend=backend,
+            backend_options=moto_endpoint.options(endpoint_url=url),
         ) as ckpt:
             result = await ckpt.save(f"s3://{bucket}/defaults.bin", 6 * CHUNK)
     finally:
         await front.stop()
     assert result.metadata.backend == "s3dlio"
     assert result.metadata.extra["isolation"] == "process", result.metadata.extra
+    assert result.metadata.max_in_flight > 1
     assert len(front.matched) == 6, front.matched
+    assert front.peak > 1, f"the server never received two parts at once ({front.matched})"

@@ -25,7 +25,7 @@ from typing import Any
 
 from .._blocking import run_blocking
 from ..errors import ConfigError, WriterProcessError
-from ..sinks import BACKENDS, make_sink, resolve_backend
+from ..sinks import backend_class, make_sink, resolve_backend
 from ..sinks.base import Sink, SinkOptions
 from . import child
 from ._proc import exit_text, preload_in_forkserver, reap, start_process
@@ -61,7 +61,7 @@ class ProcessSink(Sink):
         name = resolve_backend(uri, backend)
         # results and the pipeline see the wrapped backend's name and default window
         setattr(self, "backend", name)  # noqa: B010 - instance value shadows the class default
-        setattr(self, "default_in_flight", getattr(BACKENDS[name], "default_in_flight", 1))  # noqa: B010
+        setattr(self, "default_in_flight", backend_class(name).default_in_flight)  # noqa: B010
         self.inner_backend = name
         self.policy = policy
         self.timeout = timeout

@@ -6,11 +6,11 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from urllib.parse import urlsplit
 
-from ..errors import UnsupportedSchemeError
+from ..errors import ConfigError, UnsupportedSchemeError
 from .base import Sink, SinkOptions
 from .file import FileSink, path_from_uri
 from .memory import MEMORY_STORE, MemorySink, NullSink
-from .s3 import S3_BACKENDS, auto_backend, factory, make_auto
+from .s3 import S3_BACKENDS, auto_backend, factory, make_auto, sink_class
 
 SinkFactory = Callable[..., Sink]
 
@@ -59,6 +59,18 @@ def resolve_backend(uri: str, backend: str | None = None) -> str:
     return auto_backend() if name == "s3" else name
 
 
+def backend_class(name: str) -> type[Sink]:
+    """The sink class behind backend ``name`` (resolved by :func:`resolve_backend`), whose class
+    attributes are its capabilities (``default_in_flight``, ...). Imports asyncckpt's module for
+    it, never the client library itself."""
+    if name in S3_BACKENDS:
+        return sink_class(name)
+    factory = BACKENDS[name]
+    if not (isinstance(factory, type) and issubclass(factory, Sink)):
+        raise ConfigError(f"backend {name!r} is registered as a factory, not a Sink class")
+    return factory
+
+
 def make_sink(uri: str, *, backend: str | None, executor: Executor, options: SinkOptions) -> Sink:
     """Instantiate the sink for ``uri`` (no I/O happens here)."""
     name = resolve_backend(uri, backend)
@@ -74,6 +86,7 @@ __all__ = [
     "NullSink",
     "Sink",
     "SinkOptions",
+    "backend_class",
     "make_sink",
     "path_from_uri",
     "register_backend",
