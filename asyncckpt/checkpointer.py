@@ -9,17 +9,19 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
+from .commit import commit, note_publication
 from .config import CheckpointConfig, validate_size
 from .errors import ConfigError
 from .isolation import SharedBufferPool, resolve_policy
 from .isolation.process_sink import ProcessSink
 from .load_api import LoadsMixin
-from .manifest import build_manifest, manifest_uri, write_manifest
+from .manifest import manifest_uri
 from .metrics import RunMetadata, SaveResult, label_chunks, summarize_records
 from .monitor import LoopMonitor, now
 from .pipeline import PipelineTimes, ProgressFn, stream, write_preallocated
 from .pool import BufferPool
 from .runinfo import run_facts
+from .seal import sealer_for
 from .sinks import SinkOptions, make_sink, resolve_backend
 from .sinks.base import Sink
 from .sources import CallerData, make_source
@@ -190,14 +192,22 @@ class AsyncCheckpointer(LoadsMixin):
             pool.reset_stats()
             if isinstance(sink, ProcessSink) and isinstance(pool, SharedBufferPool):
                 sink.attach_arena(pool.arena)  # chunks travel to the writer as arena offsets
+        sealer = sealer_for(sink.uri, size, self.config.chunk_size, source.describe(), sink.backend)
         async with LoopMonitor(self.config.monitor_interval) as monitor:
             t0 = now()
-            await sink.open(size)
+            await sink.open(sealer.seal.object_size)
             t_open = now()
             try:
                 if pool is not None:
                     times = await stream(
-                        source, sink, pool, executor, total=size, max_in_flight=in_flight, progress=progress
+                        source,
+                        sink,
+                        pool,
+                        executor,
+                        total=size,
+                        max_in_flight=in_flight,
+                        progress=progress,
+                        sealer=sealer,
                     )
                     gen_s = sum(r.fill_s for r in times.records)
                 else:
@@ -209,20 +219,15 @@ class AsyncCheckpointer(LoadsMixin):
                         chunk_size=self.config.chunk_size,
                         max_in_flight=in_flight,
                         progress=progress,
+                        sealer=sealer,
                     )
-                t_close = now()
-                # the old manifest goes only now: a save failing earlier leaves the previous
-                # checkpoint verifiable, and a stale manifest never describes the new object
-                await self._drop_manifest(sink.uri)
-                drop_s = now() - t_close
-                close_detail = await sink.complete()
-            except BaseException:
+            except BaseException as exc:
                 await sink.abort()
+                note_publication(exc, sink.uri, published=False)
                 raise
-            t_manifest = now()
-            await self._publish_manifest(sink, source, size, times)
+            t_close = now()
+            close_detail = await commit(sink)
             t_end = now()
-            close_detail["manifest_s"] = drop_s + t_end - t_manifest
         return self._result(
             sink,
             source,
@@ -237,29 +242,6 @@ class AsyncCheckpointer(LoadsMixin):
             wall_s=t_end - t0,
             close_detail=close_detail,
         )
-
-    async def _drop_manifest(self, uri: str) -> None:
-        msink = self._sink(manifest_uri(uri))
-        try:
-            await msink.delete()
-        finally:
-            await msink.aclose()
-
-    async def _publish_manifest(self, sink: Sink, source: Source, size: int, times: PipelineTimes) -> None:
-        """Written last: only a save that got this far is a complete checkpoint."""
-        manifest = build_manifest(
-            sink.uri,
-            size=size,
-            chunk_size=self.config.chunk_size,
-            records=times.records,
-            source=source.describe(),
-            backend=sink.describe(),
-        )
-        msink = self._sink(manifest_uri(sink.uri))
-        try:
-            await write_manifest(manifest, msink)
-        finally:
-            await msink.aclose()
 
     def _result(
         self,

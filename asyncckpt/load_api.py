@@ -25,6 +25,7 @@ from .metrics import RunMetadata, SaveResult, summarize_records
 from .monitor import LoopMonitor, now
 from .pool import BufferPool
 from .runinfo import run_facts
+from .seal import read_sealed
 from .sinks.base import Sink
 from .topology import ThreadBudget
 from .verify import Verifier, make_verifier
@@ -182,7 +183,7 @@ class LoadsMixin:
     ) -> AsyncGenerator[memoryview, None]:
         uri = state.uri = sink.uri
         state.backend = sink.backend
-        msink = self._sink(manifest_uri(uri))
+        msink: Sink | None = None
         verifier: Verifier | None = None
         try:
             async with self._lock:
@@ -194,14 +195,19 @@ class LoadsMixin:
                 executor = self._ensure_executor()
                 async with LoopMonitor(self.config.monitor_interval) as monitor:
                     t0 = now()
-                    state.size = await sink.size()
-                    manifest = state.manifest = await read_manifest(msink, uri)
-                    state.identity_note = identity_note(manifest, sink.describe(), uri)
-                    check_size(manifest, state.size, uri, state.identity_note)
+                    # opened first: a file load then reads one version even if a save replaces it
+                    await sink.open_read(defeat_cache=defeat_cache)
+                    object_size = await sink.size()
+                    manifest = await read_sealed(sink, object_size, uri)
+                    if manifest is None:  # a save of asyncckpt < 0.2: the manifest is a sidecar
+                        msink = self._sink(manifest_uri(uri))
+                        manifest = await read_manifest(msink, uri)
+                        state.identity_note = identity_note(manifest, sink.describe(), uri)
+                        check_size(manifest, object_size, uri, state.identity_note)
+                    state.manifest, state.size = manifest, manifest.size
                     if into is not None and len(into) < state.size:
                         raise ConfigError(f"into= holds {len(into)} bytes; {uri!r} has {state.size}")
                     verifier = make_verifier(state.verify_mode, manifest, threads=self._budget.threads)
-                    await sink.open_read(defeat_cache=defeat_cache)
                     state.open_s = now() - t0
                     views = stream_views(
                         uri=uri,
@@ -232,7 +238,8 @@ class LoadsMixin:
             if verifier is not None:
                 verifier.close()
             await sink.aclose()
-            await msink.aclose()
+            if msink is not None:
+                await msink.aclose()
 
     def _load_result(
         self, state: LoadState, readers: int, monitor: LoopMonitor, t0: float, t_close: float, t_end: float

@@ -1,10 +1,11 @@
-"""The manifest: a small sidecar object written LAST by every save, read FIRST by every load.
+"""The manifest: what a load needs to prove a checkpoint, read FIRST by every load.
 
-``<uri>.manifest.json`` (same backend, same sink interface, so it works wherever the object
-does) holds what a load needs to prove the object: size, chunk size, how the bytes were made
-(generator + seed, or caller data), one CRC32C per chunk, the whole-object CRC32C and the
-backend's facts (ETag, parts, file identity). An object without its manifest is an
-unfinished save, and a load says so instead of trusting it.
+It holds size, chunk size, how the bytes were made (generator + seed, or caller data), one
+CRC32C per chunk, the whole-object CRC32C and backend facts. Saves seal it into the object's
+footer (:mod:`asyncckpt.seal`), so one atomic commit publishes both. Saves of asyncckpt < 0.2
+wrote it as a sidecar ``<uri>.manifest.json`` with the object's identity (ETag, file
+identity); loads still read those. An object with neither is an unfinished save or not
+asyncckpt's, and a load says so instead of trusting it.
 """
 
 from __future__ import annotations
@@ -168,8 +169,8 @@ async def read_manifest(sink: Sink, object_uri: str) -> Manifest:
         size = await sink.size()
     except TargetNotFoundError:
         raise ManifestMissingError(
-            f"checkpoint {object_uri!r} is incomplete: its manifest {where!r} does not exist "
-            "(the save did not finish, or the object was not written by asyncckpt)"
+            f"checkpoint {object_uri!r} has no manifest: the object does not end with one (it was "
+            f"truncated, or not written by asyncckpt) and no sidecar {where!r} exists"
         ) from None
     if not 0 < size <= MAX_MANIFEST_BYTES:
         raise ManifestError(f"manifest {where!r} has an implausible size of {size} bytes")

@@ -19,6 +19,7 @@ from .checksum import timed_crc
 from .metrics import ChunkRecord
 from .monitor import now
 from .pool import BufferPool, PoolBuffer, close_mapping
+from .seal import Sealer, align_up
 from .sinks.base import Sink
 from .sources.base import Source, fill_sequentially
 
@@ -61,11 +62,39 @@ async def stream(
     total: int,
     max_in_flight: int,
     progress: ProgressFn | None = None,
+    sealer: Sealer | None = None,
 ) -> PipelineTimes:
-    """Move ``total`` bytes from ``source`` to ``sink``; return per-chunk records."""
+    """Move ``total`` bytes from ``source`` to ``sink``; return per-chunk records.
+
+    With a ``sealer`` the last chunk is written only after every other one, together with the
+    footer that carries the manifest (see :mod:`asyncckpt.seal`).
+    """
     queue: asyncio.Queue[tuple[PoolBuffer, ChunkRecord] | None] = asyncio.Queue()
     held: set[PoolBuffer] = set()  # checked out during this call, for reclaiming on failure
     out = PipelineTimes(start=now())
+    last_offset = (total - 1) // pool.chunk_size * pool.chunk_size if total else 0
+    before_last = [0]  # bytes of the other chunks written so far
+    others_done = asyncio.Event()
+    if last_offset == 0:
+        others_done.set()
+
+    async def write_sealed(buf: PoolBuffer, rec: ChunkRecord) -> float | None:
+        """The last chunk: its checksum, then (all others written) data + footer in one go."""
+        assert sealer is not None
+        rec.checksum, rec.checksum_s = await run_blocking(executor, timed_crc, buf.view[: rec.nbytes])
+        await others_done.wait()
+        footer = sealer.footer(out.records)
+        rec.t_write_start = now()
+        end = align_up(rec.nbytes) + len(footer)
+        if end <= len(buf.view):  # room in the buffer: the footer follows the data in place
+            buf.view[rec.nbytes : end - len(footer)] = bytes(end - len(footer) - rec.nbytes)
+            buf.view[end - len(footer) : end] = footer
+            return await sink.write_part(rec.offset, buf.view[:end])
+        if rec.nbytes == len(buf.view):  # a full chunk, then the footer as its own small write
+            first = await sink.write_part(rec.offset, buf.view[: rec.nbytes])
+            second = await _write_copy(sink, rec.offset + rec.nbytes, footer)
+            return None if first is None or second is None else first + second
+        return await _write_copy(sink, rec.offset, sealer.seal.tail(buf.view[: rec.nbytes], footer))
 
     async def produce() -> None:
         offset = index = 0
@@ -95,14 +124,21 @@ async def stream(
             view = buf.view[: rec.nbytes]
             rec.t_write_start = now()
             rec.wait_data_s = rec.t_write_start - t0
-            # the checksum reads the buffer while it is being written: off the producer's
-            # serial path (fill then checksum would halve what generation can feed), timed
-            # on its own, and the buffer is released only when both are done
-            async with asyncio.TaskGroup() as both:
-                summing = both.create_task(run_blocking(executor, timed_crc, view))
-                inner = await sink.write_part(rec.offset, view)
+            if sealer is not None and rec.offset == last_offset:
+                inner = await write_sealed(buf, rec)
                 rec.t_write_end = now()
-            rec.checksum, rec.checksum_s = summing.result()
+            else:
+                # the checksum reads the buffer while it is being written: off the producer's
+                # serial path (fill then checksum would halve what generation can feed), timed
+                # on its own, and the buffer is released only when both are done
+                async with asyncio.TaskGroup() as both:
+                    summing = both.create_task(run_blocking(executor, timed_crc, view))
+                    inner = await sink.write_part(rec.offset, view)
+                    rec.t_write_end = now()
+                rec.checksum, rec.checksum_s = summing.result()
+                before_last[0] += rec.nbytes
+                if before_last[0] == last_offset:
+                    others_done.set()
             rec.write_s = inner if inner is not None else rec.t_write_end - rec.t_write_start
             held.discard(buf)
             pool.release(buf)  # only now: the write has completed
@@ -122,6 +158,18 @@ async def stream(
     return out
 
 
+async def _write_copy(sink: Sink, offset: int, data: bytes) -> float | None:
+    """Write ``data`` from a page-aligned copy (O_DIRECT needs one)."""
+    arena = mmap.mmap(-1, max(len(data), 1))
+    view = memoryview(arena)[: len(data)]
+    try:
+        view[:] = data
+        return await sink.write_part(offset, view)
+    finally:
+        view.release()
+        close_mapping(arena)
+
+
 async def write_preallocated(
     source: Source,
     sink: Sink,
@@ -131,29 +179,40 @@ async def write_preallocated(
     chunk_size: int,
     max_in_flight: int,
     progress: ProgressFn | None = None,
+    sealer: Sealer | None = None,
 ) -> tuple[PipelineTimes, float]:
     """The method streaming replaces: generate the whole checkpoint in RAM, then write it.
 
     Returns the write records and the generation time. Memory grows with the checkpoint.
+    Checksums are known before any write here, so a ``sealer``'s footer is placed in RAM
+    behind the data and goes out with the last chunk.
     """
-    arena = mmap.mmap(-1, max(total, 1))
-    view = memoryview(arena)[:total]
+    end = sealer.seal.object_size if sealer is not None else total
+    arena = mmap.mmap(-1, max(end, 1))
+    whole = memoryview(arena)
+    view = whole[:total]
     try:
         gen_s = await fill_sequentially(source, view, chunk_size, executor)
-        sums = [
-            await run_blocking(executor, timed_crc, view[o : o + chunk_size])
-            for o in range(0, total, chunk_size)
-        ]
+        records: list[ChunkRecord] = []
+        for index, offset in enumerate(range(0, total, chunk_size)):
+            rec = ChunkRecord(index, offset, min(chunk_size, total - offset))
+            rec.checksum, rec.checksum_s = await run_blocking(
+                executor, timed_crc, view[offset : offset + rec.nbytes]
+            )
+            records.append(rec)
+        if sealer is not None:
+            footer = sealer.footer(records)
+            whole[end - len(footer) : end] = footer  # the gap before it is the mapping's zeros
         out = PipelineTimes(start=now())
-        offsets = iter(range(0, total, chunk_size))
+        pending = iter(records)
 
         async def writer() -> None:
-            for offset in offsets:
-                rec = ChunkRecord(len(out.records), offset, min(chunk_size, total - offset))
-                rec.checksum, rec.checksum_s = sums[offset // chunk_size]
+            for rec in pending:
+                offset = rec.offset
                 out.records.append(rec)
                 rec.t_acquire = rec.t_write_start = now()
-                inner = await sink.write_part(offset, view[offset : offset + rec.nbytes])
+                stop = end if offset + rec.nbytes == total else offset + rec.nbytes
+                inner = await sink.write_part(offset, whole[offset:stop])
                 rec.t_write_end = now()
                 rec.write_s = inner if inner is not None else rec.t_write_end - rec.t_write_start
                 rec.fill_s = gen_s * rec.nbytes / total if total else 0.0
@@ -167,7 +226,9 @@ async def write_preallocated(
         except BaseExceptionGroup as group:
             raise unwrap_group(group) from None
         out.end = now()
+        out.records.sort(key=lambda r: r.index)
         return out, gen_s
     finally:
         view.release()
+        whole.release()
         close_mapping(arena)

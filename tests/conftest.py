@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import dgen_py
 import pytest
+
+from asyncckpt.seal import unseal
 
 SLOW_CALLBACK_S = 0.1
 pytest_plugins = ["tests.plugins.s3servers"]
@@ -59,6 +62,22 @@ def expected_bytes(size: int, chunk_size: int, seed: int) -> bytes:
         want = min(chunk_size, size - offset)
         assert gen.fill_chunk(view[offset : offset + want]) == want
     return bytes(out)
+
+
+def checkpoint_data(raw: bytes) -> bytes:
+    """The data of a stored checkpoint object: its bytes before the sealed manifest footer."""
+    data, _ = unseal(raw)
+    return data
+
+
+def to_legacy(path: Path) -> None:
+    """Rewrite a sealed checkpoint file as asyncckpt < 0.2 left it: data + sidecar manifest."""
+    data, manifest = unseal(path.read_bytes())
+    os.truncate(path, len(data))
+    st = path.stat()
+    identity = {"device": st.st_dev, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns}
+    legacy = dataclasses.replace(manifest, backend={"identity": identity})
+    path.with_name(path.name + ".manifest.json").write_bytes(legacy.to_json())
 
 
 def files_in(path: Path) -> list[str]:

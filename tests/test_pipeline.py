@@ -18,7 +18,7 @@ from asyncckpt.sinks import BACKENDS, SCHEMES, register_backend
 from asyncckpt.sinks.memory import MemorySink
 from asyncckpt.units import MiB
 
-from .conftest import expected_bytes
+from .conftest import checkpoint_data, expected_bytes
 
 CHUNK = 1 * MiB
 
@@ -70,7 +70,7 @@ async def test_no_buffer_is_refilled_while_being_written(extra_backends: None) -
         assert pool is not None
         stats = pool.stats()
     assert RaceCheckingSink.violations == []
-    assert MEMORY_STORE.pop("racecheck://obj") == expected_bytes(size, CHUNK, 11)
+    assert checkpoint_data(MEMORY_STORE.pop("racecheck://obj")) == expected_bytes(size, CHUNK, 11)
     assert stats.free == 3 and stats.peak_in_use == 3  # back-pressure happened, bounded by the pool
     assert result.wait_free_s > 0
 
@@ -143,8 +143,8 @@ async def test_async_iterable_caller_data(tmp_path: Path) -> None:
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
         result = await ckpt.save(tmp_path / "state.bin", len(blob), data=stream())
         await ckpt.save(tmp_path / "bytes.bin", data=blob)
-    assert (tmp_path / "state.bin").read_bytes() == blob
-    assert (tmp_path / "bytes.bin").read_bytes() == blob
+    assert checkpoint_data((tmp_path / "state.bin").read_bytes()) == blob
+    assert checkpoint_data((tmp_path / "bytes.bin").read_bytes()) == blob
     assert result.metadata.generator == "caller"
 
 
@@ -152,7 +152,7 @@ async def test_preallocate_method_writes_the_same_bytes(tmp_path: Path) -> None:
     size = 5 * CHUNK + 3
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=5) as ckpt:
         result = await ckpt.save(tmp_path / "p.bin", size, method="preallocate")
-    assert (tmp_path / "p.bin").read_bytes() == expected_bytes(size, CHUNK, 5)
+    assert checkpoint_data((tmp_path / "p.bin").read_bytes()) == expected_bytes(size, CHUNK, 5)
     assert result.method == "preallocate"
     assert result.metadata.pool_bytes == size
 
@@ -166,7 +166,7 @@ def test_runs_on_uvloop(tmp_path: Path) -> None:
         return result.metadata.event_loop
 
     assert uvloop.run(save()) == "uvloop"
-    assert (tmp_path / "u.bin").read_bytes() == expected_bytes(3 * CHUNK + 1, CHUNK, 9)
+    assert checkpoint_data((tmp_path / "u.bin").read_bytes()) == expected_bytes(3 * CHUNK + 1, CHUNK, 9)
 
 
 async def test_start_is_logged_with_thread_budget(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -19,9 +19,10 @@ from botocore.config import Config
 from asyncckpt import AsyncCheckpointer, ConfigError
 from asyncckpt.bench.cli import build_parser, plan_from_args
 from asyncckpt.report import format_result
+from asyncckpt.seal import tail_read_size
 from asyncckpt.sinks.s3 import installed
 
-from .conftest import expected_bytes
+from .conftest import checkpoint_data, expected_bytes
 from .test_endpoints import Proxy, moto_endpoints  # noqa: F401 - the module-scoped fixture
 
 # moto_endpoints accepts any credentials; the secret is distinctive so leaks are detectable
@@ -90,6 +91,11 @@ def ckpt(backend: str, opts: dict[str, Any], **kw: Any) -> AsyncCheckpointer:
     )
 
 
+def footer_read(raw: bytes) -> int:
+    """What a load of ``raw`` reads before the data: the tail holding the sealed manifest."""
+    return tail_read_size(len(raw))
+
+
 def per_endpoint(extra: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {e["endpoint"]: e for e in extra["endpoints"]}
 
@@ -103,15 +109,17 @@ async def test_round_robin_save_and_load_spread_over_three_endpoints(
     async with ckpt("aiobotocore", options(endpoints=moto_endpoints, lb_strategy="round_robin"), seed=3) as c:
         saved = await c.save(f"s3://{bucket}/ckpt.bin", size)
         loaded = await c.load(f"s3://{bucket}/ckpt.bin", verify=True)
-    assert await stored(boto, bucket, "ckpt.bin") == expected_bytes(size, CHUNK, 3)
-    for result, count in ((saved, 7), (loaded, loaded.chunks)):
+    raw = await stored(boto, bucket, "ckpt.bin")
+    assert checkpoint_data(raw) == expected_bytes(size, CHUNK, 3)
+    # the save sends data and sealed manifest in 7 parts; the load reads the footer, then data
+    for result, count, nbytes in ((saved, 7, len(raw)), (loaded, loaded.chunks + 1, size + footer_read(raw))):
         x = result.metadata.extra
         assert x["endpoint_strategy"] == "round_robin" and x["endpoints_configured"] == 3
         stats = per_endpoint(x)
         assert list(stats) == moto_endpoints
         assert all(s["parts"] >= 1 and s["latency_p99_s"] >= s["latency_p50_s"] > 0 for s in stats.values())
         assert sum(s["parts"] for s in stats.values()) == count
-        assert sum(s["bytes"] for s in stats.values()) == size
+        assert sum(s["bytes"] for s in stats.values()) == nbytes
         assert x["endpoint_retries"] == 0 and all(s["errors"] == 0 for s in stats.values())
     assert [per_endpoint(saved.metadata.extra)[u]["parts"] for u in moto_endpoints] == [3, 2, 2]
     assert "identity_note" not in loaded.metadata.extra  # HEAD recorded the ETag the save published
@@ -134,10 +142,10 @@ async def test_least_connections_sends_fewer_parts_to_a_slow_endpoint(
     finally:
         await slow.stop()
         await fast.stop()
-    assert await stored(boto, bucket, "lc.bin") == expected_bytes(size, CHUNK, 4)
+    assert checkpoint_data(await stored(boto, bucket, "lc.bin")) == expected_bytes(size, CHUNK, 4)
     stats = per_endpoint(result.metadata.extra)
     slow_parts, fast_parts = stats[urls[0]]["parts"], stats[urls[1]]["parts"]
-    assert slow_parts + fast_parts == 8
+    assert slow_parts + fast_parts == 9  # 8 full chunks, then the sealed manifest
     assert slow_parts < 4 < fast_parts, stats  # round robin would give 4 and 4
     assert stats[urls[0]]["latency_p50_s"] > stats[urls[1]]["latency_p50_s"]
 
@@ -167,13 +175,14 @@ async def test_failover_when_an_endpoint_is_cut_mid_upload(
         cutter.cancel()
         for p in proxies:
             await p.stop()
-    assert await stored(boto, bucket, "fo.bin") == expected_bytes(size, CHUNK, 5)
+    raw = await stored(boto, bucket, "fo.bin")
+    assert checkpoint_data(raw) == expected_bytes(size, CHUNK, 5)
     x = result.metadata.extra
     stats = per_endpoint(x)
     assert stats[urls[1]]["errors"] >= 1 and stats[urls[1]]["marked_down"] >= 1, stats
     assert x["endpoint_retries"] >= 1
     assert sum(s["parts"] for s in stats.values()) == 7
-    assert sum(s["bytes"] for s in stats.values()) == size
+    assert sum(s["bytes"] for s in stats.values()) == len(raw)
     assert per_endpoint(loaded.metadata.extra)[urls[1]]["parts"] == 0  # marked down, skipped
     assert "retried elsewhere" in format_result(result)
 
@@ -188,7 +197,7 @@ async def test_endpoint_uris_from_the_environment_reach_the_sink(
     bucket, size = await new_bucket(boto), 3 * CHUNK
     async with ckpt("aiobotocore", options(), seed=6) as c:
         result = await c.save(f"s3://{bucket}/env.bin", size)
-    assert await stored(boto, bucket, "env.bin") == expected_bytes(size, CHUNK, 6)
+    assert checkpoint_data(await stored(boto, bucket, "env.bin")) == expected_bytes(size, CHUNK, 6)
     x = result.metadata.extra
     assert x["endpoint_strategy"] == "least_connections"
     assert list(per_endpoint(x)) == moto_endpoints
@@ -215,7 +224,7 @@ async def test_minio_pins_one_endpoint_per_rank_and_refuses_per_part_strategies(
     bucket, size = await new_bucket(boto), 2 * CHUNK
     async with ckpt("minio", options(), seed=7) as c:
         result = await c.save(f"s3://{bucket}/m.bin", size)
-    assert await stored(boto, bucket, "m.bin") == expected_bytes(size, CHUNK, 7)
+    assert checkpoint_data(await stored(boto, bucket, "m.bin")) == expected_bytes(size, CHUNK, 7)
     x = result.metadata.extra
     assert x["endpoint_url"] == moto_endpoints[4 % 3]
     assert x["endpoint_strategy"] == "rank (per-request balancing not supported by minio)"
@@ -312,11 +321,12 @@ async def test_a_busy_endpoint_is_retried_elsewhere_but_not_marked_down(
             loaded = await c.load(f"s3://{bucket}/busy.bin", verify=True)
     finally:
         await busy.stop()
-    assert await stored(boto, bucket, "busy.bin") == expected_bytes(size, CHUNK, 8)
-    for result in (saved, loaded):
+    raw = await stored(boto, bucket, "busy.bin")
+    assert checkpoint_data(raw) == expected_bytes(size, CHUNK, 8)
+    for result, nbytes in ((saved, len(raw)), (loaded, size + footer_read(raw))):
         x = result.metadata.extra
         b = per_endpoint(x)[urls[0]]
         assert b["parts"] == 0 and b["errors"] >= 1 and b["marked_down"] == 0, x["endpoints"]
         assert x["endpoint_retries"] == b["errors"] >= 1
-        assert sum(e["bytes"] for e in x["endpoints"]) == size
+        assert sum(e["bytes"] for e in x["endpoints"]) == nbytes
     assert busy.requests >= 4  # create + at least one part on save, HEAD + a range GET on load

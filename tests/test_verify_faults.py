@@ -13,14 +13,21 @@ from asyncckpt.errors import ChecksumMismatchError, ManifestError, ManifestMissi
 from asyncckpt.sinks import MEMORY_STORE
 from asyncckpt.units import MiB
 
+from .conftest import to_legacy
+
 CHUNK = 1 * MiB
 SIZE = 5 * CHUNK + 4321
 
 
-async def saved(tmp_path: Path, name: str = "ck.bin", size: int = SIZE, seed: int = 21) -> Path:
+async def saved(
+    tmp_path: Path, name: str = "ck.bin", size: int = SIZE, seed: int = 21, legacy: bool = False
+) -> Path:
+    """A checkpoint file; ``legacy``: as asyncckpt < 0.2 wrote it (data + sidecar manifest)."""
     target = tmp_path / name
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3, seed=seed) as ckpt:
         await ckpt.save(target, size)
+    if legacy:
+        to_legacy(target)
     return target
 
 
@@ -73,8 +80,8 @@ async def test_flipped_last_byte_of_unaligned_tail(tmp_path: Path) -> None:
         await load(target)
 
 
-async def test_truncated_file(tmp_path: Path) -> None:
-    target = await saved(tmp_path)
+async def test_truncated_file_legacy(tmp_path: Path) -> None:
+    target = await saved(tmp_path, legacy=True)
     os.truncate(target, 3 * CHUNK + 99)
     with pytest.raises(
         TruncatedError, match=rf"truncated: {3 * CHUNK + 99} bytes, its manifest says {SIZE}"
@@ -84,10 +91,10 @@ async def test_truncated_file(tmp_path: Path) -> None:
     assert "changed after the save" in str(exc.value)
 
 
-async def test_missing_manifest(tmp_path: Path) -> None:
-    target = await saved(tmp_path)
+async def test_missing_manifest_legacy(tmp_path: Path) -> None:
+    target = await saved(tmp_path, legacy=True)
     (tmp_path / "ck.bin.manifest.json").unlink()
-    with pytest.raises(ManifestMissingError, match=r"is incomplete: its manifest .* does not exist"):
+    with pytest.raises(ManifestMissingError, match=r"has no manifest: .* no sidecar"):
         await load(target)
 
 
@@ -96,30 +103,30 @@ async def test_missing_object(tmp_path: Path) -> None:
         await load(tmp_path / "absent.bin")
 
 
-async def test_manifest_for_another_size(tmp_path: Path) -> None:
-    small = await saved(tmp_path, "small.bin", size=2 * CHUNK)
-    big = await saved(tmp_path, "big.bin", size=SIZE)
+async def test_manifest_for_another_size_legacy(tmp_path: Path) -> None:
+    small = await saved(tmp_path, "small.bin", size=2 * CHUNK, legacy=True)
+    big = await saved(tmp_path, "big.bin", size=SIZE, legacy=True)
     shutil.copy(tmp_path / "small.bin.manifest.json", tmp_path / "big.bin.manifest.json")
     with pytest.raises(
         ManifestError, match=rf"describes {2 * CHUNK} bytes but the object has {SIZE}.*'small.bin'"
     ):
         await load(big)
-    await saved(tmp_path, "big.bin", size=SIZE)  # fresh pair
+    await saved(tmp_path, "big.bin", size=SIZE, legacy=True)  # fresh pair
     shutil.copy(tmp_path / "big.bin.manifest.json", tmp_path / "small.bin.manifest.json")
     with pytest.raises(TruncatedError, match=r"manifest names object 'big.bin', not 'small.bin'"):
         await load(small)
 
 
-async def test_object_replaced_after_save(tmp_path: Path) -> None:
-    target = await saved(tmp_path, seed=21)
-    other = await saved(tmp_path, "other.bin", seed=22)  # same size, other bytes
+async def test_object_replaced_after_save_legacy(tmp_path: Path) -> None:
+    target = await saved(tmp_path, seed=21, legacy=True)
+    other = await saved(tmp_path, "other.bin", seed=22, legacy=True)  # same size, other bytes
     os.replace(other, target)
     with pytest.raises(ChecksumMismatchError, match=r"chunk 0 of 6: .*offset 0\b.*changed after the save"):
         await load(target)
 
 
-async def test_corrupt_manifest(tmp_path: Path) -> None:
-    target = await saved(tmp_path)
+async def test_corrupt_manifest_legacy(tmp_path: Path) -> None:
+    target = await saved(tmp_path, legacy=True)
     sidecar = tmp_path / "ck.bin.manifest.json"
     sidecar.write_bytes(sidecar.read_bytes()[:50])
     with pytest.raises(ManifestError, match="unreadable"):
@@ -143,13 +150,38 @@ async def test_failed_save_keeps_previous_checkpoint_verifiable(tmp_path: Path) 
     assert result.size_bytes == SIZE
 
 
-async def test_object_published_without_manifest_is_incomplete(tmp_path: Path) -> None:
+async def test_object_published_without_manifest_is_incomplete_legacy(tmp_path: Path) -> None:
     """A crash between publishing the object and writing its manifest (simulated: no sidecar)."""
-    target = await saved(tmp_path)
+    target = await saved(tmp_path, legacy=True)
     os.replace(tmp_path / "ck.bin.manifest.json", tmp_path / "elsewhere.json")
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
-        with pytest.raises(ManifestMissingError, match="incomplete"):
+        with pytest.raises(ManifestMissingError, match="has no manifest"):
             await ckpt.load(target)
+
+
+async def test_truncated_sealed_file_has_no_manifest(tmp_path: Path) -> None:
+    """Truncation cuts the footer off: nothing left to trust, and the load says why."""
+    target = await saved(tmp_path)
+    os.truncate(target, 3 * CHUNK + 99)
+    with pytest.raises(ManifestMissingError, match=r"does not end with one \(it was truncated"):
+        await load(target, verify=False)
+
+
+async def test_corrupt_sealed_manifest(tmp_path: Path) -> None:
+    target = await saved(tmp_path)
+    raw = target.read_bytes()
+    start = -(-SIZE // 4096) * 4096
+    target.write_bytes(raw[:start] + b"{not json" + raw[start + 9 :])
+    with pytest.raises(ManifestError, match="unreadable"):
+        await load(target)
+
+
+async def test_sealed_object_replaced_by_another_sealed_one_loads_the_new_one(tmp_path: Path) -> None:
+    """The manifest travels with its object: a replaced checkpoint is simply the new one."""
+    target = await saved(tmp_path, seed=21)
+    other = await saved(tmp_path, "other.bin", seed=22)
+    os.replace(other, target)
+    await load(target, verify="regenerate")
 
 
 async def test_memory_object_corrupted() -> None:

@@ -234,6 +234,8 @@ class FileSink(Sink):
                 fcntl.fcntl(self._rfd, fcntl.F_SETFL, flags | _O_DIRECT)
                 self._rdirect = True
                 self._rreason = "O_DIRECT reads (page cache bypassed)"
+                # for misaligned requests (a footer); opened now, so both see one version
+                self._bfd = os.open(f"/proc/self/fd/{self._rfd}", os.O_RDONLY | os.O_CLOEXEC)
                 return
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
@@ -243,6 +245,8 @@ class FileSink(Sink):
             raise DirectIOError(errno.EINVAL, f"direct_io=True but {self._rreason} for {str(self.path)!r}")
         # evict what is cached now, and each range again after reading it
         os.posix_fadvise(self._rfd, 0, 0, os.POSIX_FADV_DONTNEED)
+        # no readahead: it would cache pages past each evicted range (the footer after the data)
+        os.posix_fadvise(self._rfd, 0, 0, os.POSIX_FADV_RANDOM)
         self._evict = True
         self._rreason += "; posix_fadvise(DONTNEED) before and during the load"
 
@@ -289,8 +293,9 @@ class FileSink(Sink):
                 self._bfd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             fd = self._bfd
         n = os.preadv(fd, [buf], offset)
-        if self._evict or fd == self._bfd:
-            os.posix_fadvise(fd, offset, n, os.POSIX_FADV_DONTNEED)
+        if self._evict or fd == self._bfd:  # whole pages: a partial one would stay cached
+            first = offset - offset % ALIGN
+            os.posix_fadvise(fd, first, -(-(offset + n) // ALIGN) * ALIGN - first, os.POSIX_FADV_DONTNEED)
         return n
 
     async def read_into(self, offset: int, buf: memoryview) -> int:
@@ -300,7 +305,8 @@ class FileSink(Sink):
             raise map_os_error(exc, f"read {str(self.path)!r} at offset {offset}") from None
 
     def _stat_sync(self) -> int:
-        st = os.stat(self.path)
+        # during a load, the version opened by open_read (a save may rename another over it)
+        st = os.fstat(self._rfd) if self._rfd >= 0 else os.stat(self.path)
         self._identity = {"device": st.st_dev, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns}
         return st.st_size
 
