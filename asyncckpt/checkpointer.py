@@ -157,29 +157,37 @@ class AsyncCheckpointer(LoadsMixin):
         size = validate_size(size)
         sink = self._sink(os.fspath(uri))
         sink.check()
-        async with self._lock:  # one save at a time per pool
-            source = make_source(
-                self.config.generator, size, seed=self.config.seed, threads=self._budget.threads, data=data
-            )
-            facts, b = source.describe(), self._budget
-            log.info(
-                "save %s: %d bytes, %s; generator %s with %s threads (%d requested = %d usable CPUs "
-                "// %d ranks on this node from %s)",
-                sink.uri,
-                size,
-                method,
-                facts.get("generator"),
-                facts.get("gen_threads"),
-                b.threads,
-                b.usable_cpus,
-                b.local_ranks,
-                b.local_ranks_source,
-            )
-            try:
-                return await self._save(sink, source, size, method, progress)
-            finally:
-                source.close()
-                await sink.aclose()
+        try:
+            async with self._lock:  # one save at a time per pool
+                source = make_source(
+                    self.config.generator,
+                    size,
+                    seed=self.config.seed,
+                    threads=self._budget.threads,
+                    data=data,
+                )
+                facts, b = source.describe(), self._budget
+                log.info(
+                    "save %s: %d bytes, %s; generator %s with %s threads (%d requested = %d usable CPUs "
+                    "// %d ranks on this node from %s)",
+                    sink.uri,
+                    size,
+                    method,
+                    facts.get("generator"),
+                    facts.get("gen_threads"),
+                    b.threads,
+                    b.usable_cpus,
+                    b.local_ranks,
+                    b.local_ranks_source,
+                )
+                try:
+                    return await self._save(sink, source, size, method, progress)
+                finally:
+                    source.close()
+                    await sink.aclose()
+        except BaseException as exc:  # wherever it struck, say what became of the save
+            note_publication(exc, sink.uri, published=sink.committed)
+            raise
 
     async def _save(
         self, sink: Sink, source: Source, size: int, method: str, progress: ProgressFn | None

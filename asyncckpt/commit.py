@@ -36,6 +36,7 @@ def note_publication(exc: BaseException, uri: str, *, published: bool | None) ->
 async def commit(sink: Sink) -> dict[str, float]:
     """``sink.complete()``, finished even if the caller is cancelled meanwhile."""
     task = asyncio.ensure_future(sink.complete())
+    task.add_done_callback(lambda t: setattr(sink, "committed", not t.cancelled() and t.exception() is None))
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError as cancel:

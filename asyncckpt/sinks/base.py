@@ -36,6 +36,7 @@ class Sink(ABC):
     default_in_flight: ClassVar[int] = 1
 
     def __init__(self, uri: str, *, executor: Executor, options: SinkOptions) -> None:
+        self.committed = False  # set once complete() published the object (asyncckpt.commit)
         self.uri = uri
         self.executor = executor
         self.options = options

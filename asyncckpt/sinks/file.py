@@ -16,13 +16,13 @@ import logging
 import mmap
 import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._blocking import run_blocking
 from ..errors import ConfigError, DirectIOError, TargetNotFoundError, map_os_error
+from ..owner import parse_temp, temp_name
 from ..pool import buffer_address
 from .base import Sink
 
@@ -79,6 +79,7 @@ class FileSink(Sink):
         self._rdirect = self._evict = False
         self._rreason = ""
         self._identity: dict[str, int] = {}
+        self.stale_removed: list[str] = []  # temporaries of dead saves this save removed
 
     @property
     def temp_path(self) -> Path | None:
@@ -97,8 +98,21 @@ class FileSink(Sink):
             raise ConfigError(f"target {str(self.path)!r} is a directory; give a file path")
 
     # -- writing -----------------------------------------------------------------------
+    def _collect_stale_sync(self) -> None:
+        """Remove temporaries of dead saves in the target's directory (only provably dead
+        ones: this host, this boot, pid gone; see :mod:`asyncckpt.owner`)."""
+        with os.scandir(self.path.parent) as entries:
+            for entry in entries:
+                owner = parse_temp(entry.name)
+                if owner is not None and owner.provably_dead():
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                        self.stale_removed.append(entry.name)
+                        log.info("removed %s, left by a save whose process %d is gone", entry.path, owner.pid)
+
     def _open_sync(self, size: int) -> None:
-        self._tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:12]}.partial")
+        self._collect_stale_sync()
+        self._tmp = self.path.with_name(temp_name(self.path.name))
         self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self._size = size
         want = self.options.direct_io
@@ -333,4 +347,6 @@ class FileSink(Sink):
             }
         if self._identity:
             out["identity"] = dict(self._identity)
+        if self.stale_removed:
+            out["stale_temporaries_removed"] = list(self.stale_removed)
         return out

@@ -1,0 +1,73 @@
+"""Who left a temporary object: host, boot and pid, recorded in its name.
+
+A save's temporary file is named after its owner, so a later save (or ``cleanup``) can tell
+a dead save's leftovers from a live save's work in progress: only a name from this host and
+this boot whose pid no longer exists is provably abandoned. Anything else (another host, an
+earlier boot, a name of asyncckpt < 0.2) is left for ``cleanup --older-than``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import uuid
+from dataclasses import dataclass
+from functools import lru_cache
+
+TEMP_SUFFIX = ".partial"
+_TAG = "ackpt"
+_NAME = re.compile(
+    r"^\.(?P<name>.+)\." + _TAG + r"~(?P<host>[A-Za-z0-9.-]{1,64})~(?P<boot>[0-9a-f]{8})~"
+    r"(?P<pid>\d{1,10})~(?P<nonce>[0-9a-f]{8})" + re.escape(TEMP_SUFFIX) + "$"
+)
+#: temporary names of asyncckpt < 0.2 (no owner): only ``cleanup --older-than`` removes them
+LEGACY_TEMP = re.compile(r"^\..+\.[0-9a-f]{12}" + re.escape(TEMP_SUFFIX) + "$")
+
+
+@lru_cache(maxsize=1)
+def boot_id() -> str:
+    """Eight hex digits naming this boot (pids restart at each boot)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip().replace("-", "")[:8]
+    except OSError:
+        return "00000000"
+
+
+def host() -> str:
+    name = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:64]
+    return name or "localhost"
+
+
+@dataclass(frozen=True)
+class Owner:
+    name: str  # the object the temporary was going to become
+    host: str
+    boot: str
+    pid: int
+
+    def provably_dead(self) -> bool:
+        """True only for a save of this host and boot whose process is gone."""
+        if self.host != host() or self.boot != boot_id():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # alive, someone else's
+        return False
+
+
+def temp_name(name: str) -> str:
+    """A temporary name for object ``name`` that records its owner (this process)."""
+    return f".{name}.{_TAG}~{host()}~{boot_id()}~{os.getpid()}~{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"
+
+
+def parse_temp(name: str) -> Owner | None:
+    """The owner recorded in a temporary name, or None if it is not one of ours."""
+    m = _NAME.match(name)
+    if m is None:
+        return None
+    return Owner(m["name"], m["host"], m["boot"], int(m["pid"]))

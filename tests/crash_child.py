@@ -1,0 +1,54 @@
+"""A save that a test kills: ``python crash_child.py TARGET SIZE SEED STEP N``.
+
+STEP names a system call of the file save (``open``, ``pwrite``, ``fsync``, ``replace``);
+the process SIGKILLs itself as the N-th such call begins, in whichever thread makes it, so the
+crash lands exactly at that step of the real code. STEP ``none`` runs the save to the end
+(the parent then kills it at a chosen instant). The line ``saving`` on stdout marks the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from asyncckpt import AsyncCheckpointer
+from asyncckpt.units import MiB
+
+CHUNK = 1 * MiB
+STEPS = {"open": os.open, "pwrite": os.pwrite, "fsync": os.fsync, "replace": os.replace}
+
+
+def arm(step: str, nth: int) -> None:
+    if step == "none":
+        return
+    target, seen = STEPS[step], [0]
+    lock = threading.Lock()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call" and arg is target:
+            with lock:
+                seen[0] += 1
+                if seen[0] == nth:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.setprofile(profile)  # executor threads start after this
+    sys.setprofile(profile)
+
+
+async def main(target: str, size: int, seed: int, step: str, nth: int) -> None:
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3, seed=seed) as ckpt:
+        print("saving", flush=True)
+        arm(step, nth)
+        await ckpt.save(target, size)
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+    print("saved", flush=True)
+
+
+if __name__ == "__main__":
+    path, nbytes, seed_, step_, nth_ = sys.argv[1:6]
+    asyncio.run(main(path, int(nbytes), int(seed_), step_, int(nth_)))

@@ -1,0 +1,139 @@
+"""An interrupted overwrite never loses both checkpoints (issue: the old manifest was deleted
+before the rename, so a crash in the close phase left neither loadable).
+
+Checkpoint A is at P; a real child process saves B over it and is SIGKILLed at each named
+step of the save (creating the temporary, its first and last writes, fsync, the rename) and
+at fixed-seed instants. After each kill, ``load(P)`` must return A or B, complete and
+verified byte by byte; the dead save's temporary is collected by the next save into the
+directory. The same invariant holds for cancellation at every point of a save.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncckpt import AsyncCheckpointer
+from asyncckpt.units import MiB
+
+CHILD = Path(__file__).with_name("crash_child.py")
+CHUNK = 1 * MiB
+SIZE_A, SEED_A = 3 * CHUNK + 123, 1
+SIZE_B, SEED_B = 6 * CHUNK + 4567, 2  # 7 chunks: 7 pwrites (the last one carries the footer)
+ROOT = str(Path(__file__).resolve().parents[1])
+
+
+async def save(target: Path, size: int, seed: int) -> None:
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3, seed=seed) as ckpt:
+        await ckpt.save(target, size)
+
+
+async def loaded_version(target: Path) -> str:
+    """'A' or 'B' after verifying every byte against the seeded generator."""
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3) as ckpt:
+        result = await ckpt.load(target, verify="regenerate")
+    version = {(SIZE_A, SEED_A): "A", (SIZE_B, SEED_B): "B"}[(result.size_bytes, result.metadata.seed)]
+    return version
+
+
+def child(target: Path, step: str, nth: int) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.Popen(
+        [sys.executable, str(CHILD), str(target), str(SIZE_B), str(SEED_B), step, str(nth)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+async def assert_invariant(tmp_path: Path, target: Path) -> str:
+    version = await loaded_version(target)
+    await save(tmp_path / "next.bin", CHUNK, 9)  # the next save into the directory collects
+    names = await asyncio.to_thread(os.listdir, tmp_path)
+    left = sorted(n for n in names if n not in ("ck.bin", "next.bin"))
+    assert left == [], left
+    return version
+
+
+@pytest.mark.parametrize(
+    ("step", "nth", "expect"),
+    [
+        ("open", 1, "A"),  # about to create the temporary
+        ("pwrite", 1, "A"),  # temporary created and fallocated, nothing written
+        ("pwrite", 4, "A"),  # mid data
+        ("pwrite", 7, "A"),  # the last chunk with the sealed manifest
+        ("fsync", 1, "A"),  # everything written, not yet durable nor published
+        ("replace", 1, "A"),  # durable, about to be renamed over A
+        ("fsync", 2, "B"),  # renamed (published), the directory not yet fsync'd
+    ],
+    ids=["open", "first-write", "mid-writes", "footer-write", "fsync", "rename", "dir-fsync"],
+)
+async def test_sigkill_at_each_step_leaves_old_or_new(
+    tmp_path: Path, step: str, nth: int, expect: str
+) -> None:
+    target = tmp_path / "ck.bin"
+    await save(target, SIZE_A, SEED_A)
+    proc = child(target, step, nth)
+    out, err = await asyncio.to_thread(proc.communicate, timeout=60)
+    assert proc.returncode == -9, (out, err)  # killed at the step, not finished or failed
+    assert await assert_invariant(tmp_path, target) == expect
+
+
+async def test_sigkill_at_random_instants_leaves_old_or_new(tmp_path: Path) -> None:
+    target = tmp_path / "ck.bin"
+    await save(target, SIZE_A, SEED_A)
+    proc = child(target, "none", 0)  # calibrate: how long a save takes once started
+    assert proc.stdout is not None
+    await asyncio.to_thread(proc.stdout.readline)
+    t0 = time.perf_counter()
+    await asyncio.to_thread(proc.wait, 60)
+    span = time.perf_counter() - t0
+    assert proc.returncode == 0
+    seen = set()
+    for delay in random.Random(1234).sample(range(1000), 10):
+        await save(target, SIZE_A, SEED_A)
+        proc = child(target, "none", 0)
+        assert proc.stdout is not None
+        await asyncio.to_thread(proc.stdout.readline)  # the save starts now
+        await asyncio.sleep(span * delay / 1000)  # the chosen instant (not a synchronisation)
+        proc.kill()
+        await asyncio.to_thread(proc.communicate, timeout=60)
+        seen.add(await assert_invariant(tmp_path, target))
+    assert seen <= {"A", "B"}
+
+
+async def test_cancellation_at_every_point_says_what_was_published(tmp_path: Path) -> None:
+    """Cancel after k loop iterations, for every k a save takes: a save that raised says
+    whether it published, and the checkpoint on disk agrees."""
+    target = tmp_path / "ck.bin"
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3, seed=SEED_B) as ckpt:
+        await ckpt.save(target, SIZE_A)  # warm pool and executor
+        task = asyncio.create_task(ckpt.save(target, SIZE_B))
+        total = 0
+        while not task.done():
+            await asyncio.sleep(0)
+            total += 1
+        await task
+        outcomes = set()
+        for k in range(1, total + 2, max(1, total // 40)):  # from its first await on
+            await save(target, SIZE_A, SEED_A)
+            task = asyncio.create_task(ckpt.save(target, SIZE_B))
+            for _ in range(k):
+                await asyncio.sleep(0)
+            task.cancel()
+            try:
+                await task
+                published = True
+            except asyncio.CancelledError as exc:
+                published = bool(exc.asyncckpt_published)  # type: ignore[attr-defined]
+            assert await loaded_version(target) == ("B" if published else "A"), k
+            outcomes.add(published)
+    assert outcomes == {True, False}  # both sides of the commit were hit
