@@ -288,6 +288,7 @@ def main_workload(
         return code
     assert hosts is not None
     report = build_report(info, layout, bench, base, phases, hosts, wl.time_between_checkpoints)
+    report["scale"] = args.scale
     print(format_report(report))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -347,6 +348,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"layout: {plan['num_objects']:,} objects, {plan['total_bytes']:,} B per checkpoint "
         f"({plan['total_dlio_gb']:.3f} GiB); largest rank {plan['largest_rank']['rank']}, "
         f"imbalance {plan['imbalance']:.3f}" + ("; SUBSET run" if report["subset"] else ""),
+        *(
+            [f"--scale {report['scale']:g}: every object is written at that fraction of its size"]
+            if report.get("scale") not in (None, 1.0)
+            else []
+        ),
         f"emulated compute between checkpoints: {report['time_between_checkpoints_s']:g} s; "
         f"fsync {report['fsync']}",
         RULE,

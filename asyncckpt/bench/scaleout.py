@@ -112,9 +112,12 @@ def parse_with_presets(
         info.workload = wl
     if wl is not None:
         info.config_file, info.config_defaults = wl.path, dict(wl.defaults)
-        if first.config or overrides:  # a preset alone has nothing to warn about
+        if first.config:  # a preset's own sections are known; its overrides may add unknown keys
             info.config_unused = wl.unknown + wl.unused
             info.notes += wl.warnings()
+        elif wl.unknown:
+            info.config_unused = list(wl.unknown)
+            info.notes += wl.warnings()[:1]
         if wl.defaults.get("num_checkpoints_write") == 0 == wl.defaults.get("num_checkpoints_read"):
             raise ConfigError(f"{wl.path}: num_checkpoints_write and num_checkpoints_read are both 0")
         for key, value in wl.defaults.items():
