@@ -16,7 +16,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from .dlio import parse_workload
-from .dlio_layout import CheckpointPlan, plan_checkpoint
+from .dlio_layout import CheckpointPlan
+from .dlio_plan import make_plan
 
 
 def _workload(
@@ -62,9 +63,10 @@ class ModelPreset:
         return copy.deepcopy(self.workload)
 
     def plan(self, ranks: int | None = None) -> CheckpointPlan:
+        """The layout on ``ranks`` (default: the full run); fewer ranks are a subset of it."""
         model = parse_workload(self.document(), self.name).model
         assert model is not None
-        return plan_checkpoint(model, ranks or self.ranks)
+        return make_plan(model, ranks or self.ranks, self.ranks)  # fewer ranks: a subset, as mlpstorage
 
     @property
     def checkpoint_bytes(self) -> int:
