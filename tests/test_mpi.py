@@ -115,11 +115,15 @@ def test_preset_and_config_on_null_target(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "unknown keys ignored: checkpoint.streaming.nvme" in proc.stderr
     report = json.loads(out.read_text())
-    share = 105 * 10**9 // 10**4 // 8
-    assert report["preset"]["per_rank_bytes"] == share == report["size_bytes_per_rank"]
-    assert report["shards"] == ["null://bench/rank00000.bin", "null://bench/rank00001.bin"]
-    (phase,) = saves(report)
-    assert [c["total_bytes"] for c in phase["checkpoints"]] == [2 * share, 2 * share]
+    # the preset is MLPerf's llama3-8b workload: 2 of its 8 ranks write their DLIO objects (a subset)
+    from asyncckpt.bench.dlio_layout import scaled
+    from asyncckpt.bench.presets import PRESETS
+
+    plan = PRESETS["llama3-8b"].plan(2)
+    assert report["subset"] and report["plan"]["full_ranks"] == 8 and report["target"] == "null://bench"
+    per_rank = [scaled(rp, 0.0001).nbytes for rp in plan.rank_plans]
+    assert [c["total_bytes"] for c in report["phases"]["save"]["checkpoints"]] == [sum(per_rank)] * 2
+    assert "subset: 2 of the workload's 8 ranks" in proc.stderr
 
 
 def _s3_backend_missing() -> str | None:

@@ -202,6 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="[asyncckpt] %(message)s",
         stream=sys.stderr,
     )
+    if info.workload is not None:  # a DLIO model layout: --plan, or every rank writes its objects
+        from .dlio_run import main_workload
+
+        return main_workload(args, info, comm, plan_from_args, run_with_loop)
     if isinstance(comm, MPIComm) or comm.size > 1:  # launched by mpirun: one shard per rank
         from .mpi_runner import run_distributed
 

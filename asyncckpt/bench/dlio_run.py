@@ -1,0 +1,398 @@
+"""A DLIO workload run: every rank writes ITS planned objects, DLIO's run rules, one score.
+
+Per checkpoint (DLIO's ``_checkpoint_write``): emulated compute (``time_between_checkpoints``,
+an ``asyncio.sleep`` on every rank: emulation, never synchronisation), barrier, start, each
+of this rank's objects saved through :meth:`AsyncCheckpointer.save` into
+``TARGET/global_epoch1_step{i}/`` in DLIO's order, barrier, stop. Then the caches are defeated
+(O_DIRECT/eviction on reads, ``--drop-caches`` on every node) and ``num_checkpoints_read``
+checkpoints are read back the same way. Score per checkpoint, as MLPerf Storage's: total
+bytes ÷ the slowest rank's time; beside it the straggler, the imbalance (largest ÷ mean rank
+bytes) and each rank's time per object type. Failures follow the protocol of
+:mod:`.mpi_runner`: outcomes are gathered on rank 0, which decides for everyone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ..aggregate import aggregate_checkpoint, summarize
+from ..checkpointer import AsyncCheckpointer
+from ..distributed import Comm
+from ..errors import ConfigError, MissingDependencyError, TargetNotFoundError
+from ..monitor import now
+from ..report import RULE, format_table, gbps
+from ..sinks import path_from_uri, scheme_of
+from .dlio_layout import DLIO_GB, CheckpointPlan, PlannedObject, RankPlan, scaled, step_directory
+from .dlio_plan import format_plan, make_plan, plan_ranks, subset_note
+from .mlperf_results import host_facts, write_results_dir
+from .mpi_runner import RankFailure
+from .runner import BenchPlan
+from .scaleout import ScaleoutInfo
+
+Runner = Callable[[str, Callable[[], Coroutine[Any, Any, Any]]], Any]
+
+
+def object_uri(base: str, step: int, obj: PlannedObject) -> str:
+    rel = f"{step_directory(1, step)}/{obj.name}"
+    return base.rstrip("/") + "/" + rel if scheme_of(base) else os.path.join(base, rel)
+
+
+def _is_local(base: str) -> bool:
+    return not scheme_of(base) or scheme_of(base) == "file"
+
+
+def _setup(base: str | None, steps: int, mode: str) -> dict[str, Any]:
+    """Rank 0: the base folder (created with its parents, as DLIO's namespace) and step dirs."""
+    created = None
+    if base is None:
+        if mode == "load":
+            raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
+        base = created = tempfile.mkdtemp(prefix="asyncckpt-dlio-")
+    made: list[str] = []
+    if _is_local(base):
+        root = path_from_uri(base)
+        if root.exists() and not root.is_dir():
+            raise ConfigError(f"the checkpoint folder {str(root)!r} is a file, not a folder")
+        if mode != "load":
+            root.mkdir(parents=True, exist_ok=True)
+            for step in range(1, steps + 1):
+                d = root / step_directory(1, step)
+                if not d.exists():
+                    d.mkdir()
+                    made.append(str(d))
+    return {"base": base, "created": created, "made_dirs": made}
+
+
+async def _phase(
+    ck: AsyncCheckpointer,
+    comm: Comm,
+    bench: BenchPlan,
+    mine: RankPlan,
+    base: str,
+    phase: str,
+    count: int,
+    pause_s: float,
+) -> list[dict[str, Any]]:
+    """``count`` checkpoints of this rank's objects; rank 0 returns the aggregated ones."""
+    out: list[dict[str, Any]] = []
+    for i in range(1, count + 1):
+        if pause_s > 0:
+            await asyncio.sleep(pause_s)  # emulated compute before the checkpoint (DLIO's compute())
+        await comm.abarrier()
+        t0 = now()
+        outcome: dict[str, Any]
+        try:
+            kinds: dict[str, dict[str, float]] = {}
+            counts: dict[str, int] = {}
+            for obj in mine.objects:
+                uri = object_uri(base, i, obj)
+                if phase == "save":
+                    r = await ck.save(uri, obj.size)
+                else:
+                    opts = {
+                        k: getattr(bench, k)
+                        for k in ("verify", "num_readers", "read_chunk_size", "defeat_cache")
+                    }
+                    r = await ck.load(uri, **opts)
+                k = kinds.setdefault(obj.kind, {"objects": 0, "bytes": 0, "seconds": 0.0})
+                k["objects"] += 1
+                k["bytes"] += r.size_bytes
+                k["seconds"] += r.wall_s
+                for label, n in r.bottleneck_counts.items():
+                    counts[label] = counts.get(label, 0) + n
+            wall = now() - t0
+            nbytes = sum(int(k["bytes"]) for k in kinds.values())
+            bottleneck = max(counts, key=counts.__getitem__) if counts else "none"
+            outcome = {
+                "ok": True,
+                "result": {
+                    "size_bytes": nbytes,
+                    "wall_s": wall,
+                    "objects": len(mine.objects),
+                    "by_kind": kinds,
+                    "bottleneck": bottleneck,
+                    "bottleneck_counts": counts,
+                    "metadata": {"hostname": socket.gethostname()},
+                },
+            }
+        except Exception as exc:
+            outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        await comm.abarrier()
+        phase_wall = now() - t0
+        gathered = await comm.agather(outcome)
+        failures = None
+        if gathered is not None:
+            failures = [f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if not o["ok"]]
+        failures = await comm.abcast(failures)
+        if failures:
+            raise RankFailure(f"{phase} {i}/{count} failed on " + "; ".join(failures))
+        if gathered is not None:
+            results = [o["result"] for o in gathered]
+            agg = aggregate_checkpoint(results, phase_wall)
+            agg["step"] = step_directory(1, i)
+            agg["objects"] = sum(r["objects"] for r in results)
+            agg["rank_kind_seconds"] = [{k: v["seconds"] for k, v in r["by_kind"].items()} for r in results]
+            agg["kind_seconds_max"] = _kind_max(results)
+            agg["throughput_dlio_gb_per_s"] = agg["throughput_bps"] / DLIO_GB
+            out.append(agg)
+    return out
+
+
+def _kind_max(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per object type: the longest any rank spent on it, and which rank."""
+    out: dict[str, dict[str, Any]] = {}
+    for rank, r in enumerate(results):
+        for kind, v in r["by_kind"].items():
+            if kind not in out or v["seconds"] > out[kind]["seconds"]:
+                out[kind] = {"rank": rank, "seconds": v["seconds"], "bytes": v["bytes"]}
+    return out
+
+
+async def _rank_main(
+    bench: BenchPlan, comm: Comm, mine: RankPlan, base: str, pause_s: float
+) -> dict[str, list[dict[str, Any]]]:
+    phases: dict[str, list[dict[str, Any]]] = {}
+    async with AsyncCheckpointer(bench.config) as ck:
+        try:
+            if bench.mode in ("save", "both"):
+                phases["save"] = await _phase(ck, comm, bench, mine, base, "save", bench.repeat, pause_s)
+            if bench.mode in ("load", "both"):
+                if bench.drop_caches:  # every node: one rank per node suffices, all is simpler
+                    from .load_args import drop_caches
+
+                    await asyncio.to_thread(drop_caches)
+                phases["load"] = await _phase(ck, comm, bench, mine, base, "load", bench.reads, pause_s)
+        finally:
+            if not bench.keep and bench.mode != "load":
+                for step in range(1, bench.repeat + 1):
+                    for obj in mine.objects:
+                        await ck.delete(object_uri(base, step, obj))
+    return phases
+
+
+def main_workload(
+    args: argparse.Namespace,
+    info: ScaleoutInfo,
+    comm: Comm,
+    plan_from_args: Callable[[argparse.Namespace], BenchPlan],
+    run_with_loop: Runner,
+) -> int:
+    """``--plan`` (no I/O) or a workload run; returns the exit code."""
+    wl = info.workload
+    assert wl is not None and wl.model is not None
+    root = comm.is_root
+
+    def say(code: int, message: str) -> int:
+        if root:
+            print(f"asyncckpt.bench: {message}", file=sys.stderr)
+        return code
+
+    if args.plan:
+        try:
+            ranks = plan_ranks(wl.model, args.ranks, info.reference_ranks, comm.size)
+            layout = make_plan(wl.model, ranks, info.reference_ranks)
+        except ConfigError as exc:
+            return say(2, f"error: {exc}")
+        if root:
+            for note in info.notes:
+                print(f"[asyncckpt] {note}", file=sys.stderr)
+            print(format_plan(layout, args.scale))
+            if args.json is not None:
+                args.json.write_text(json.dumps(layout.to_dict(), indent=2) + "\n")
+        return 0
+    # 1. validate everywhere, set up on rank 0, broadcast
+    error: str | None = None
+    setup: dict[str, Any] = {}
+    try:
+        if args.ranks is not None and args.ranks != comm.size:
+            raise ConfigError(f"--ranks {args.ranks} is for --plan; this run has {comm.size} rank(s)")
+        bench = plan_from_args(args)
+        if bench.mode == "both" and bench.reads > bench.repeat:
+            raise ConfigError(
+                f"num_checkpoints_read {bench.reads} is more than num_checkpoints_write {bench.repeat} "
+                "(DLIO refuses it)"
+            )
+        if args.results_dir and (Path(args.results_dir) / "summary.json").exists():
+            raise ConfigError(
+                f"--results-dir {args.results_dir!r} already has a summary.json; give an empty folder"
+            )
+        layout = make_plan(wl.model, comm.size, info.reference_ranks)
+        mine = scaled(layout.rank_plans[comm.rank], args.scale)
+        empty = [o.name for o in mine.objects if o.size <= 0]
+        if empty:
+            raise ConfigError(
+                f"rank {comm.rank}: {empty[0]} has 0 bytes; the shape is too small for its sharding"
+            )
+        if root:
+            setup = _setup(bench.target, bench.repeat if bench.mode != "load" else 0, bench.mode)
+    except (ConfigError, MissingDependencyError, TargetNotFoundError) as exc:
+        error = str(exc)
+    errors = comm.allgather(error)
+    shared: dict[str, Any] | None = comm.bcast(setup if root else None)
+    bad = next(((r, e) for r, e in enumerate(errors) if e), None)
+    if bad is not None or not shared:
+        r, e = bad or (0, "no setup from rank 0")
+        if root and shared and shared.get("created"):
+            shutil.rmtree(shared["created"], ignore_errors=True)
+        return say(2, f"error: {e}" if r == 0 else f"error on rank {r}: {e}")
+    base = str(shared["base"])
+    config = replace(bench.config, seed=bench.config.seed + comm.rank)  # distinct data per rank
+    bench = replace(bench, target=base, config=config)
+    hosts = comm.gather(host_facts())
+    if root:
+        for note in info.notes:
+            print(f"[asyncckpt] {note}", file=sys.stderr)
+        if layout.subset:
+            full = make_plan(replace(layout.model, data=layout.data_parallelism), layout.full_ranks)
+            print(f"[asyncckpt] {subset_note(layout, full.total_bytes)}", file=sys.stderr)
+    # 2. the phases
+    start = datetime.now()
+    code = 0
+    phases: dict[str, list[dict[str, Any]]] = {}
+    try:
+        phases = run_with_loop(
+            args.loop, lambda: _rank_main(bench, comm, mine, base, wl.time_between_checkpoints)
+        )
+    except RankFailure as exc:
+        code = say(1, f"failed: {exc}")
+    except BaseException as exc:  # outside the protocol: the other ranks may be waiting
+        print(
+            f"asyncckpt.bench: rank {comm.rank}: {type(exc).__name__}: {exc}; aborting the job",
+            file=sys.stderr,
+        )
+        comm.abort(1)
+    finally:
+        comm.close()
+    end = datetime.now()
+    comm.barrier()
+    if root and not bench.keep and bench.mode != "load":
+        for d in reversed(shared["made_dirs"]):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)  # only the step folders this run made, and only if empty
+        if shared["created"]:
+            shutil.rmtree(shared["created"], ignore_errors=True)
+    if not root or code:
+        return code
+    assert hosts is not None
+    report = build_report(info, layout, bench, base, phases, hosts, wl.time_between_checkpoints)
+    report["scale"] = args.scale
+    print(format_report(report))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.results_dir:
+        written = write_results_dir(Path(args.results_dir), report, info, start, end)
+        print(f"[asyncckpt] MLPerf-style results: {', '.join(str(p) for p in written)}", file=sys.stderr)
+    return 0
+
+
+def build_report(
+    info: ScaleoutInfo,
+    layout: CheckpointPlan,
+    bench: BenchPlan,
+    base: str,
+    phases: dict[str, list[dict[str, Any]]],
+    hosts: list[dict[str, Any]],
+    pause_s: float,
+) -> dict[str, Any]:
+    wl = info.workload
+    assert wl is not None
+    return {
+        "mode": "dlio",
+        "units": "bytes and bytes/s; *_dlio_gb* fields are 1024**3 (DLIO's 'GB'), GB elsewhere is 10**9",
+        "workload": workload_name(info),
+        "config_file": info.config_file,
+        "config_unused_keys": info.config_unused,
+        "overrides": info.overrides,
+        "target": base,
+        "world_size": layout.ranks,
+        "hosts": hosts,
+        "time_between_checkpoints_s": pause_s,
+        "fsync": bench.config.fsync,
+        "scale": info.preset["scale"] if info.preset else None,
+        "plan": layout.to_dict(objects=False),
+        "subset": layout.subset,
+        "phases": {
+            name: {"checkpoints": cps, "summary": summarize(cps)} for name, cps in phases.items() if cps
+        },
+    }
+
+
+def workload_name(info: ScaleoutInfo) -> str:
+    if info.config_file and not info.config_file.startswith("preset "):
+        return Path(info.config_file).stem
+    if info.preset:
+        return str(info.preset["model"]).replace("-", "_")
+    wl = info.workload
+    return wl.model.name if wl is not None and wl.model is not None else "workload"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    plan = report["plan"]
+    head = [
+        RULE,
+        f"DLIO workload {report['workload']}: {report['world_size']} rank(s) on "
+        f"{len({h['hostname'] for h in report['hosts']})} host(s); target {report['target']}",
+        f"layout: {plan['num_objects']:,} objects, {plan['total_bytes']:,} B per checkpoint "
+        f"({plan['total_dlio_gb']:.3f} GiB); largest rank {plan['largest_rank']['rank']}, "
+        f"imbalance {plan['imbalance']:.3f}" + ("; SUBSET run" if report["subset"] else ""),
+        *(
+            [f"--scale {report['scale']:g}: every object is written at that fraction of its size"]
+            if report.get("scale") not in (None, 1.0)
+            else []
+        ),
+        f"emulated compute between checkpoints: {report['time_between_checkpoints_s']:g} s; "
+        f"fsync {report['fsync']}",
+        RULE,
+    ]
+    blocks = ["\n".join(head)]
+    for name, ph in report["phases"].items():
+        rows = []
+        for i, c in enumerate(ph["checkpoints"]):
+            kinds = " / ".join(
+                f"{k} {v['seconds']:.3f} s (rank {v['rank']})" for k, v in c["kind_seconds_max"].items()
+            )
+            rows.append(
+                (
+                    i + 1,
+                    c["step"],
+                    f"{c['total_bytes']:,}",
+                    f"{c['duration_s']:.3f} s",
+                    gbps(c["throughput_bps"]),
+                    f"{c['throughput_dlio_gb_per_s']:.3f}",
+                    f"{c['slowest_rank']['rank']} ({c['slowest_rank']['wall_s']:.3f} s)",
+                    f"{c['straggler_ratio']:.2f}x",
+                    kinds,
+                )
+            )
+        headers = (
+            "#",
+            "step",
+            "bytes",
+            "slowest time",
+            "throughput",
+            "GiB/s (DLIO)",
+            "straggler",
+            "spread",
+            "longest per object type",
+        )
+        s = ph["summary"]
+        blocks.append(
+            f"{name.upper()}: throughput = total bytes ÷ the slowest rank's time (MLPerf)\n"
+            + format_table(headers, rows)
+            + f"\nmean throughput {gbps(s['throughput_bps_mean'])} "
+            f"({s['throughput_bps_mean'] / DLIO_GB:.3f} GiB/s) over {s['checkpoints']} checkpoint(s)"
+        )
+    return "\n\n".join(blocks)
