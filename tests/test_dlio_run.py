@@ -13,6 +13,7 @@ from asyncckpt.bench.cli import main
 from asyncckpt.bench.dlio import load_workload
 from asyncckpt.bench.dlio_layout import DLIO_GB, plan_checkpoint
 
+from .conftest import checkpoint_data
 from .test_mpi import mpirun
 
 SHAPE = """\
@@ -45,9 +46,10 @@ def write_config(tmp_path: Path, **kw: object) -> Path:
 
 
 def data_files(root: Path) -> dict[str, int]:
-    """Every object under ``root`` except sidecar manifests: relative name → size."""
+    """Every checkpoint object under ``root``: relative name → bytes of data (the sealed
+    manifest at each object's end is not data)."""
     return {
-        str(p.relative_to(root)): p.stat().st_size
+        str(p.relative_to(root)): len(checkpoint_data(p.read_bytes()))
         for p in root.rglob("*")
         if p.is_file() and not p.name.endswith(".manifest.json")
     }
@@ -122,7 +124,7 @@ def test_uniform_config_takes_its_checkpoint_folder_as_a_folder(tmp_path: Path) 
     cfg = tmp_path / "w.yaml"
     cfg.write_text(f"checkpoint:\n  checkpoint_folder: {folder}\n  num_checkpoints_read: 0\n")
     assert main(["--config", str(cfg), "--size", "1MiB", "--chunk-size", "1MiB", "--keep", "-q"]) == 0
-    assert (folder / "checkpoint.bin").stat().st_size == 1 << 20
+    assert len(checkpoint_data((folder / "checkpoint.bin").read_bytes())) == 1 << 20
 
 
 @pytest.mark.mpi
