@@ -45,7 +45,7 @@ class AsyncCheckpointer(LoadsMixin):
     def __init__(self, config: CheckpointConfig | None = None, **options: Any) -> None:
         if config is not None and options:
             raise ConfigError("pass either config= or keyword options, not both")
-        self.config = config if config is not None else CheckpointConfig(**options)
+        self.config = config if config is not None else CheckpointConfig.from_options(**options)
         self._budget = thread_budget(self.config.gen_threads)
         self._pool: BufferPool | None = None
         self._executor: ThreadPoolExecutor | None = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .errors import ConfigError
@@ -14,19 +14,35 @@ from .isolation.policy import (
     resolve_policy,
     validate_choice,
 )
-from .units import MiB
+from .units import GiB, MiB
 
 DATA_GEN_ENV = "ASYNCCKPT_DATA_GEN"
 GENERATORS = ("dgen", "numpy")
 DEFAULT_SEED = 0x5EED
 ALIGN = 4096
+#: one buffer, one write, one verification scratch: a bound a manifest read back is held to too
+MAX_CHUNK_SIZE = 1 * GiB
+MAX_SEED = 2**64 - 1  # dgen-py seeds are unsigned 64-bit
+MAX_BUFFERS = 4096
+MAX_THREADS = 4096
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
-def _positive_int(name: str, value: object, minimum: int = 1) -> None:
+def _positive_int(name: str, value: object, minimum: int = 1, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise ConfigError(f"{name} must be >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be <= {maximum}, got {value!r}")
+
+
+def _seconds(name: str, value: object, maximum: float) -> None:
+    """A finite number of seconds in (0, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
+    if not 0 < value <= maximum:  # also false for NaN
+        raise ConfigError(f"{name} must be in (0, {maximum:g}] s, got {value!r}")
 
 
 def default_generator() -> str:
@@ -64,21 +80,39 @@ class CheckpointConfig:
     mp_start_method: str | None = None
     writer_timeout: float = 300.0  # longest a writer process may take to answer one request
 
+    @classmethod
+    def from_options(cls, **options: Any) -> CheckpointConfig:
+        """Keyword options as a user passes them: an unknown name is a ConfigError, not a TypeError."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**options)
+
     def __post_init__(self) -> None:
-        _positive_int("chunk_size", self.chunk_size, ALIGN)
+        _positive_int("chunk_size", self.chunk_size, ALIGN, MAX_CHUNK_SIZE)
         if self.chunk_size % ALIGN:
             raise ConfigError(
                 f"chunk_size must be a multiple of {ALIGN} (page-aligned buffers, O_DIRECT); "
                 f"got {self.chunk_size}"
             )
-        _positive_int("num_buffers", self.num_buffers)
-        if self.generator not in GENERATORS:
+        _positive_int("num_buffers", self.num_buffers, 1, MAX_BUFFERS)
+        if not isinstance(self.generator, str) or self.generator not in GENERATORS:
             raise ConfigError(f"generator must be one of {', '.join(GENERATORS)}, got {self.generator!r}")
-        _positive_int("seed", self.seed, 0)
+        _positive_int("seed", self.seed, 0, MAX_SEED)
         if self.gen_threads is not None:
-            _positive_int("gen_threads", self.gen_threads)
-        if self.direct_io not in (None, True, False):
+            _positive_int("gen_threads", self.gen_threads, 1, MAX_THREADS)
+        if self.direct_io is not None and not isinstance(self.direct_io, bool):
             raise ConfigError(f"direct_io must be True, False or None, got {self.direct_io!r}")
+        for name in ("fsync", "reserve_space"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.backend is not None and not isinstance(self.backend, str):
+            raise ConfigError(f"backend must be a backend name or None, got {self.backend!r}")
+        if not isinstance(self.backend_options, dict) or not all(
+            isinstance(k, str) for k in self.backend_options
+        ):
+            raise ConfigError(f"backend_options must be a dict with str keys, got {self.backend_options!r}")
         if self.max_in_flight is not None:
             _positive_int("max_in_flight", self.max_in_flight)
             if self.max_in_flight > self.num_buffers:
@@ -86,16 +120,12 @@ class CheckpointConfig:
                     f"max_in_flight={self.max_in_flight} exceeds num_buffers={self.num_buffers}; "
                     "writes in flight each hold a buffer"
                 )
-        if not (0 < self.monitor_interval <= 1):
-            raise ConfigError(f"monitor_interval must be in (0, 1] s, got {self.monitor_interval!r}")
+        _seconds("monitor_interval", self.monitor_interval, 1.0)
         validate_choice("isolation", self.isolation, ISOLATIONS)
         if self.mp_start_method is not None:
             validate_choice("mp_start_method", self.mp_start_method, START_METHODS)
         requested_start_method(self.mp_start_method)  # a bad env value fails here, not mid-run
-        if isinstance(self.writer_timeout, bool) or not isinstance(self.writer_timeout, (int, float)):
-            raise ConfigError(f"writer_timeout must be a number of seconds, got {self.writer_timeout!r}")
-        if not self.writer_timeout > 0:
-            raise ConfigError(f"writer_timeout must be > 0 s, got {self.writer_timeout!r}")
+        _seconds("writer_timeout", self.writer_timeout, MAX_TIMEOUT_S)
         if self.backend is not None:  # e.g. fork for an object store: refused before any I/O
             resolve_policy(self.backend, isolation=self.isolation, mp_start_method=self.mp_start_method)
 

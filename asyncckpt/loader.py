@@ -204,7 +204,7 @@ async def pinpoint(
     import mmap
 
     start, length = manifest.chunk_span(bad.chunk)
-    scratch = mmap.mmap(-1, manifest.chunk_size)
+    scratch = mmap.mmap(-1, length)
     view = memoryview(scratch)
     regen = RegenerateVerifier(manifest, threads=threads)
     try:

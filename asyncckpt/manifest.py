@@ -15,12 +15,13 @@ import mmap
 import posixpath
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 from urllib.parse import urlsplit
 
 from .checksum import ALGORITHM, combine_all
 from .errors import ManifestError, ManifestMissingError, TargetNotFoundError
+from .manifest_schema import manifest_fields
 from .metrics import ChunkRecord
 from .pool import close_mapping
 from .sinks.base import Sink
@@ -86,30 +87,14 @@ class Manifest:
 
     @classmethod
     def from_json(cls, raw: bytes, where: str) -> Manifest:
-        """Parse and validate; every defect is a ManifestError naming ``where``."""
+        """Parse and validate (strict schema: manifest_schema); every defect is a ManifestError
+        naming ``where``, raised before anything is allocated for the manifest's values."""
         try:
             data = json.loads(raw)
-            if data.pop("format", None) != FORMAT:
-                raise ValueError(f"not an {FORMAT} document")
-            if data.get("version") != VERSION:
-                raise ValueError(f"format version {data.get('version')!r}, this reader knows {VERSION}")
-            checksum = data.pop("checksum")
-            if checksum["algorithm"] != ALGORITHM:
-                raise ValueError(f"checksum algorithm {checksum['algorithm']!r} is not {ALGORITHM}")
-            manifest = cls(
-                **data,
-                chunk_crc32c=tuple(int(c, 16) for c in checksum["chunks"]),
-                object_crc32c=int(checksum["object"], 16),
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            kwargs = manifest_fields(data, [f.name for f in fields(cls)], format_name=FORMAT, version=VERSION)
+        except (ValueError, RecursionError) as exc:  # incl. JSONDecodeError, UnicodeDecodeError
             raise ManifestError(f"manifest {where!r} is unreadable: {exc}") from None
-        expected = -(-manifest.size // manifest.chunk_size) if manifest.chunk_size > 0 else -1
-        if manifest.size <= 0 or manifest.chunks != expected:
-            raise ManifestError(
-                f"manifest {where!r} is inconsistent: size {manifest.size}, chunk size "
-                f"{manifest.chunk_size}, {manifest.chunks} chunk checksums"
-            )
-        return manifest
+        return cls(**kwargs)
 
 
 def build_manifest(

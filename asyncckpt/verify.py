@@ -130,7 +130,7 @@ class RegenerateVerifier(Verifier):
         source = make_source(manifest.generator, manifest.size, seed=manifest.seed, threads=threads)
         assert isinstance(source, ThreadedSource)
         self._source = source
-        self._scratch = mmap.mmap(-1, manifest.chunk_size)
+        self._scratch = mmap.mmap(-1, min(manifest.chunk_size, manifest.size))  # never past the object
         self._expected = memoryview(self._scratch)
         self._have = -1
         self.regen_s = 0.0

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Sequence
@@ -113,8 +114,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_output_file(path: Path | None, option: str) -> None:
+    """A file the run writes at its end is checked now: a typo must not cost the whole run."""
+    if path is None:
+        return
+    parent = path.parent
+    if path.is_dir():
+        raise ConfigError(f"{option} {str(path)!r} is a directory; give a file path")
+    if not parent.is_dir():
+        raise ConfigError(f"{option} {str(path)!r}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"{option} {str(path)!r} is not writable")
+
+
 def plan_from_args(args: argparse.Namespace) -> BenchPlan:
     """Turn arguments into a validated plan (raises ConfigError before any I/O)."""
+    if world()[0] == 0:  # under mpirun only rank 0 writes the report
+        check_output_file(args.json, "--json")
     if args.repeat < 1:
         raise ConfigError(f"--repeat must be >= 1, got {args.repeat}")
     if args.size <= 0:

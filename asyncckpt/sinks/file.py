@@ -7,7 +7,6 @@ result; ``direct_io=True`` turns the refusal into an error instead.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -105,15 +104,19 @@ class FileSink(Sink):
             for entry in entries:
                 owner = parse_temp(entry.name)
                 if owner is not None and owner.provably_dead():
-                    with contextlib.suppress(FileNotFoundError):
+                    try:
                         os.unlink(entry.path)
+                    except OSError as exc:  # best effort: the save itself decides what fails
+                        log.debug("could not remove stale %s: %s", entry.path, exc)
+                    else:
                         self.stale_removed.append(entry.name)
                         log.info("removed %s, left by a save whose process %d is gone", entry.path, owner.pid)
 
     def _open_sync(self, size: int) -> None:
         self._collect_stale_sync()
-        self._tmp = self.path.with_name(temp_name(self.path.name))
-        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        tmp = self.path.with_name(temp_name(self.path.name))
+        self._fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self._tmp = tmp  # only once it exists: abort must not unlink what was never created
         self._size = size
         want = self.options.direct_io
         if want is False:
@@ -221,9 +224,13 @@ class FileSink(Sink):
             os.close(self._fd)
             self._fd = -1
         if self._tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self._tmp.unlink()
-            self._tmp = None
+            tmp, self._tmp = self._tmp, None
+            try:  # a cleanup failure must never replace the error that caused the abort
+                tmp.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("could not remove the temporary file %s: %s", tmp, exc.strerror or exc)
         if self._scratch is not None:
             self._scratch.close()
             self._scratch = None

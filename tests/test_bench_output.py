@@ -1,0 +1,49 @@
+"""Output files of the benchmark (``--json``) are checked before any I/O, not after the run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import mount
+
+
+def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "asyncckpt.bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+
+
+@pytest.mark.parametrize("where", ["missing/r.json", "."])
+def test_bad_json_path_is_refused_before_the_run(tmp_path: Path, where: str) -> None:
+    target = tmp_path / "ckpt.bin"
+    out = tmp_path / where
+    proc = bench(str(target), "--size", "8MiB", "--chunk-size", "1MiB", "--json", str(out), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("asyncckpt.bench: error: --json")
+    assert str(out) in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""  # no run happened: nothing measured, nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_json_into_read_only_directory_is_refused(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if not mount(ro, "tmpfs", "ro,size=1m"):
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    try:
+        proc = bench(str(tmp_path / "c.bin"), "--size", "8MiB", "--json", str(ro / "r.json"), cwd=tmp_path)
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    assert proc.returncode == 2, proc.stderr
+    assert "not writable" in proc.stderr and proc.stderr.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ro"]

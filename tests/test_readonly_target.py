@@ -1,0 +1,76 @@
+"""A read-only target: one clear asyncckpt error, never a cleanup error in its place.
+
+A real read-only file system (a tmpfs mounted ``ro``, then a writable one remounted ``ro``):
+root ignores directory permissions, so a chmod'ed directory would not refuse anything.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from asyncckpt import AsyncCheckpointer, AsyncCkptError, StoragePermissionError
+from asyncckpt.units import MiB
+
+from .conftest import files_in, mount
+
+CHUNK = 1 * MiB
+
+
+@pytest.fixture
+def rw_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A small writable tmpfs; tests remount it read-only when they need to."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    if not mount(mnt, "tmpfs", "size=16m"):
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+def remount_ro(mnt: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+
+
+async def test_save_to_read_only_fs_raises_permission_error_and_keeps_old(rw_tmpfs: Path) -> None:
+    target = rw_tmpfs / "ckpt.bin"
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=3) as ckpt:
+        await ckpt.save(target, 2 * CHUNK + 5)
+        before = files_in(rw_tmpfs)
+        remount_ro(rw_tmpfs)
+        with pytest.raises(StoragePermissionError) as info:
+            await ckpt.save(target, 3 * CHUNK)
+        # the old checkpoint still loads, verified, from the read-only file system
+        loaded = await ckpt.load(target)
+    err = info.value
+    assert isinstance(err, PermissionError) and isinstance(err, AsyncCkptError)
+    assert "Read-only file system" in str(err) and str(target) in str(err)
+    assert loaded.size_bytes == 2 * CHUNK + 5
+    assert files_in(rw_tmpfs) == before
+
+
+def test_bench_on_read_only_fs_prints_one_line(tmp_path: Path) -> None:
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if not mount(mnt, "tmpfs", "ro,size=1m"):
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "asyncckpt.bench", str(mnt / "x.bin"), "--size", "4MiB", "-q"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Read-only file system" in lines[0] and str(mnt / "x.bin") in lines[0]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
