@@ -183,30 +183,72 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values: with several metrics tested at once, the chance
+    that *any* "worse" in the table is noise stays below alpha (7 metrics at 5 % each would
+    otherwise flag a pure-noise comparison about a third of the time)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda k: pvalues[k])
+    out = [1.0] * m
+    running = 0.0
+    for step, k in enumerate(order):
+        running = max(running, min(1.0, (m - step) * pvalues[k]))
+        out[k] = running
+    return out
+
+
+def runs_needed(alpha: float) -> int:
+    """Smallest n (each side) with which the exact rank test can reach ``alpha``."""
+    n = 2
+    while min_p(n, n) > alpha:
+        n += 1
+    return n
+
+
 @dataclass(frozen=True)
 class Verdict:
     change: float  # mean(b) / mean(a) − 1
     ci: tuple[float, float] | None
-    p: float | None
-    text: str  # NO_DIFFERENCE, "better", "worse", or why no verdict is possible
+    p: float | None  # raw rank-test p-value
+    p_adjusted: float | None  # after Holm over the metrics tested together
+    text: str  # NO_DIFFERENCE, "better", "WORSE", or why no verdict is possible
     regression: bool
 
 
-def judge(a: Sequence[float], b: Sequence[float], higher_is_better: bool, alpha: float = ALPHA) -> Verdict:
-    """Is ``b`` different from ``a`` beyond run-to-run noise?"""
+def testable(a: Sequence[float], b: Sequence[float]) -> bool:
+    return len(a) >= 2 and len(b) >= 2
+
+
+def judge(
+    a: Sequence[float],
+    b: Sequence[float],
+    higher_is_better: bool,
+    alpha: float = ALPHA,
+    *,
+    tests: int = 1,
+    p_adjusted: float | None = None,
+) -> Verdict:
+    """Is ``b`` different from ``a`` beyond run-to-run noise? ``tests``: metrics judged
+    together, ``p_adjusted`` this one's Holm-adjusted p-value among them."""
     ma, mb = statistics.fmean(a), statistics.fmean(b)
     change = mb / ma - 1 if ma else (0.0 if mb == ma else math.inf)
-    if len(a) < 2 or len(b) < 2:
-        return Verdict(change, None, None, f"no verdict: n={len(a)} vs {len(b)}, no noise estimate", False)
+    if not testable(a, b):
+        return Verdict(
+            change, None, None, None, f"no verdict: n={len(a)} vs {len(b)}, no noise estimate", False
+        )
     ci = bootstrap_ci(a, b)
-    if min_p(len(a), len(b)) > alpha:
-        why = f"no verdict: n={len(a)} vs {len(b)} is too few for {1 - alpha:.0%} confidence (need 4+ each)"
-        return Verdict(change, ci, None, why, False)
+    if min_p(len(a), len(b)) > alpha / tests:
+        why = (
+            f"no verdict: n={len(a)} vs {len(b)} is too few for {1 - alpha:.0%} confidence over "
+            f"{tests} metric(s) (need {runs_needed(alpha / tests)}+ each)"
+        )
+        return Verdict(change, ci, None, None, why, False)
     p = mann_whitney_p(a, b)
-    if p >= alpha or (ci[0] <= 0 <= ci[1]):
-        return Verdict(change, ci, p, NO_DIFFERENCE, False)
+    adj = p if p_adjusted is None else p_adjusted
+    if adj >= alpha or (ci[0] <= 0 <= ci[1]):
+        return Verdict(change, ci, p, adj, NO_DIFFERENCE, False)
     better = (change > 0) == higher_is_better
-    return Verdict(change, ci, p, "better" if better else "WORSE", not better)
+    return Verdict(change, ci, p, adj, "better" if better else "WORSE", not better)
 
 
 # -- the comparison table -----------------------------------------------------------------
@@ -239,30 +281,41 @@ class Row:
     verdicts: list[Verdict | None]
 
 
-def compare_docs(docs: Sequence[Mapping[str, Any]]) -> list[Row]:
-    """Each metric of each group: the first document is the baseline."""
+def compare_docs(docs: Sequence[Mapping[str, Any]], alpha: float = ALPHA) -> list[Row]:
+    """Each metric of each group: the first document is the baseline. Within each candidate
+    the metrics are judged together (Holm), so the table as a whole keeps ``alpha``."""
     if len(docs) < 2:
         raise ValueError("compare needs at least two results")
     kinds = {d.get("mode") for d in docs}
     if len(kinds) > 1:
         raise ValueError(f"cannot compare an MPI run with a single-process run ({sorted(map(str, kinds))})")
     all_samples = [samples(d) for d in docs]
-    rows = []
-    for group, base in all_samples[0].items():
-        for m in metrics_for(docs[0]):
-            if m.key not in base:
+    keys = [
+        (group, m) for group, base in all_samples[0].items() for m in metrics_for(docs[0]) if m.key in base
+    ]
+    columns: list[list[Verdict | None]] = []
+    for other in all_samples[1:]:
+        pairs = [(all_samples[0][g][m.key], other.get(g, {}).get(m.key) or []) for g, m in keys]
+        tested = [k for k, (a, b) in enumerate(pairs) if testable(a, b)]
+        adjusted = dict(zip(tested, holm([mann_whitney_p(*pairs[k]) for k in tested]), strict=True))
+        column: list[Verdict | None] = []
+        for k, ((_, m), (a, b)) in enumerate(zip(keys, pairs, strict=True)):
+            if not b:
+                column.append(None)
                 continue
-            cells = [describe(base[m.key], m.unit)]
-            verdicts: list[Verdict | None] = []
-            for other in all_samples[1:]:
-                vals = other.get(group, {}).get(m.key)
-                if not vals:
-                    cells += ["missing", "", ""]
-                    verdicts.append(None)
-                    continue
-                v = judge(base[m.key], vals, m.higher_is_better)
-                ci = f" [{_pct(v.ci[0])}, {_pct(v.ci[1])}]" if v.ci else ""
-                cells += [describe(vals, m.unit), _pct(v.change) + ci, v.text]
-                verdicts.append(v)
-            rows.append(Row(group, m, cells, verdicts))
+            column.append(
+                judge(a, b, m.higher_is_better, alpha, tests=max(1, len(tested)), p_adjusted=adjusted.get(k))
+            )
+        columns.append(column)
+    rows = []
+    for k, (group, m) in enumerate(keys):
+        cells = [describe(all_samples[0][group][m.key], m.unit)]
+        verdicts = [col[k] for col in columns]
+        for other, verdict in zip(all_samples[1:], verdicts, strict=True):
+            if verdict is None:
+                cells += ["missing", "", ""]
+                continue
+            ci = f" [{_pct(verdict.ci[0])}, {_pct(verdict.ci[1])}]" if verdict.ci else ""
+            cells += [describe(other[group][m.key], m.unit), _pct(verdict.change) + ci, verdict.text]
+        rows.append(Row(group, m, cells, verdicts))
     return rows

@@ -56,7 +56,7 @@ def compare_main(argv: list[str]) -> int:
     sides = [[load_result(f) for f in spec.split(",") if f] for spec in args.results]
     docs = [pool(side, spec) for side, spec in zip(sides, args.results, strict=True)]
     try:
-        rows = compare_docs(docs)
+        rows = compare_docs(docs, args.alpha)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     names = [Path(spec.split(",")[0]).name + ("+" if "," in spec else "") for spec in args.results]
@@ -66,8 +66,8 @@ def compare_main(argv: list[str]) -> int:
     print(format_table(headers, [(r.group, r.metric.label, *r.cells) for r in rows]))
     worse = [r for r in rows if any(v is not None and v.regression for v in r.verdicts)]
     print(
-        f"\nmean ± stdev over repeated checkpoints; verdict at alpha={args.alpha:g}: "
-        f"{len(worse)} metric(s) worse"
+        f"\nmean ± stdev over repeated checkpoints; verdict: Mann-Whitney rank test, Holm-adjusted "
+        f"over the metrics, alpha={args.alpha:g}; {len(worse)} metric(s) worse"
     )
     return 1 if worse and args.fail_on_regression else 0
 
