@@ -174,6 +174,9 @@ def get_comm(env: Mapping[str, str] | None = None) -> Comm:
     Under a launcher with more than one rank but without mpi4py the ranks could not
     coordinate (barriers, gathering results), so that is an error naming the extra.
     """
+    found = launcher.detect(env)
+    if found.launcher != "mpi" and found.size == 1:
+        return Comm(rank_info_from_env(env))  # one rank (srun -n 1, torchrun with one process)
     if not launched_by_mpi(env):
         info = rank_info_from_env(env)
         if info.size > 1:  # torchrun: ranks would need torch.distributed to coordinate
