@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
-from . import topology
+from . import launcher, topology
 from ._blocking import run_blocking
 from .errors import ConfigError, MissingDependencyError
 
@@ -36,24 +36,27 @@ class RankInfo:
     local_rank: int = 0
     local_size: int = 1
     source: str = "default"
+    launcher: str = "none"  # what started the ranks (see :mod:`asyncckpt.launcher`)
 
 
 def launched_by_mpi(env: Mapping[str, str] | None = None) -> bool:
-    """True when an MPI launcher (mpirun, mpiexec, srun with PMI) started this process."""
-    e = os.environ if env is None else env
-    return any(e.get(name) for name in topology.SIZE_VARS)
+    """True when a launcher whose ranks talk MPI (mpirun, mpiexec, PMIx, srun) started us."""
+    return launcher.detect(env).launcher in launcher.MPI_FAMILY
 
 
 def rank_info_from_env(env: Mapping[str, str] | None = None) -> RankInfo:
     """Rank, size and node-local size from the launchers' variables (no MPI calls)."""
     e = os.environ if env is None else env
-    rank, size = topology.world(e)
+    found = launcher.detect(e)
     local_size, source = topology.local_ranks(e)
-    local = topology._first_int(e, topology.LOCAL_RANK_VARS)
-    found = next((name for name in topology.RANK_VARS if e.get(name)), "default")
-    if rank >= size:
-        raise ConfigError(f"rank {rank} from {found} is not below the world size {size}")
-    return RankInfo(rank, size, local[0] if local else 0, local_size, found if size > 1 else source)
+    return RankInfo(
+        found.rank,
+        found.size,
+        launcher.local_rank(e),
+        local_size,
+        found.rank_source if found.size > 1 else source,
+        found.launcher,
+    )
 
 
 class Comm:
@@ -121,7 +124,14 @@ class MPIComm(Comm):
     def __init__(self, mpi: Any) -> None:
         world = mpi.COMM_WORLD
         node = world.Split_type(mpi.COMM_TYPE_SHARED)
-        info = RankInfo(world.Get_rank(), world.Get_size(), node.Get_rank(), node.Get_size(), "mpi4py")
+        info = RankInfo(
+            world.Get_rank(),
+            world.Get_size(),
+            node.Get_rank(),
+            node.Get_size(),
+            "mpi4py",
+            launcher.detect().launcher,
+        )
         mine = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
         sharers = topology.cpu_sharers(mine, node.allgather(mine)) if mine else info.local_size
         node.Free()
@@ -164,8 +174,17 @@ def get_comm(env: Mapping[str, str] | None = None) -> Comm:
     Under a launcher with more than one rank but without mpi4py the ranks could not
     coordinate (barriers, gathering results), so that is an error naming the extra.
     """
+    found = launcher.detect(env)
+    if found.launcher != "mpi" and found.size == 1:
+        return Comm(rank_info_from_env(env))  # one rank (srun -n 1, torchrun with one process)
     if not launched_by_mpi(env):
-        return Comm(rank_info_from_env(env))
+        info = rank_info_from_env(env)
+        if info.size > 1:  # torchrun: ranks would need torch.distributed to coordinate
+            raise ConfigError(
+                f"{info.size} ranks started by {info.launcher} ({info.source}={info.rank}): "
+                "coordinating them needs MPI here; start the ranks with mpirun or srun"
+            )
+        return Comm(info)
     try:
         from mpi4py import MPI
     except ImportError:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, NamedTuple
+
+from .schema import SCHEMA_VERSION
 
 GENERATION = "Generation"
 IO = "I/O"
@@ -215,7 +217,7 @@ class SaveResult:
 
     def to_dict(self, *, include_records: bool = False) -> dict[str, Any]:
         """JSON-ready data: raw fields plus the derived rates."""
-        data = asdict(self)
+        data = {"schema_version": SCHEMA_VERSION, **asdict(self)}
         records = data.pop("records")
         for key in ("chunk_latency_s", "write_latency_s", "loop_lag_s"):
             data[key] = getattr(self, key)._asdict()
@@ -234,6 +236,17 @@ class SaveResult:
         if include_records:
             data["records"] = records
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SaveResult:
+        """Rebuild a result from :meth:`to_dict` output (derived figures are recomputed)."""
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in data.items() if k in names}
+        for key in ("chunk_latency_s", "write_latency_s", "loop_lag_s"):
+            kw[key] = Percentiles(**data[key])
+        kw["metadata"] = RunMetadata(**data["metadata"])
+        kw["records"] = tuple(ChunkRecord(**r) for r in data.get("records") or ())
+        return cls(**kw)
 
     def __str__(self) -> str:
         from .report import format_result  # formatting lives only in the report module

@@ -11,11 +11,14 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
-#: Environment variables naming the ranks on this node, first present wins.
-LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE")
-LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK")
-RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
-SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+from . import launcher
+
+#: Environment variables naming the ranks on this node, first present wins (then Slurm's
+#: compressed task list); the launcher module documents the precedence
+LOCAL_SIZE_VARS = launcher.LOCAL_SIZE_VARS
+LOCAL_RANK_VARS = launcher.LOCAL_RANK_VARS
+RANK_VARS = tuple(r for r, _ in launcher.MPI_PAIRS)
+SIZE_VARS = tuple(s for _, s in launcher.MPI_PAIRS)
 
 
 #: ranks on this node as measured by the MPI library (set by :mod:`asyncckpt.distributed`);
@@ -85,8 +88,8 @@ def local_ranks(env: Mapping[str, str] | None = None) -> tuple[int, str]:
     """
     if env is None and _measured_local is not None:
         return _measured_local
-    found = _first_int(os.environ if env is None else env, LOCAL_SIZE_VARS)
-    return found if found and found[0] >= 1 else (1, "default")
+    found = launcher.local_size(os.environ if env is None else env)
+    return found if found else (1, "default")
 
 
 def thread_budget(
@@ -106,8 +109,6 @@ def thread_budget(
 
 
 def world(env: Mapping[str, str] | None = None) -> tuple[int, int]:
-    """``(rank, size)`` from the launcher's environment; ``(0, 1)`` outside MPI."""
-    e = os.environ if env is None else env
-    rank = _first_int(e, RANK_VARS)
-    size = _first_int(e, SIZE_VARS)
-    return (rank[0] if rank else 0, size[0] if size else 1)
+    """``(rank, size)`` from the launcher's environment; ``(0, 1)`` outside any launcher."""
+    found = launcher.detect(env)
+    return found.rank, found.size

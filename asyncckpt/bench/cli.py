@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 import sys
@@ -14,14 +13,18 @@ import tempfile
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from ..config import CheckpointConfig
 from ..distributed import MPIComm, get_comm
 from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
 from ..topology import world
 from ..units import parse_size
+from .grammar import RESERVED, check_target, split_command
 from .load_args import add_load_arguments, load_plan_from_args
+from .outputs import add_output_arguments, check_outputs, needs_records, write_outputs
+from .parsing import Parser
+from .resultfiles import stamp
 from .runner import BenchPlan, BenchReport, run_plan
 from .scaleout import add_scaleout_arguments, parse_with_presets
 
@@ -38,17 +41,12 @@ def _size(name: str) -> Callable[[str], int]:
     return parse
 
 
-class _Parser(argparse.ArgumentParser):
-    """Bad input is one line on stderr and exit code 2 (no usage dump to scroll past)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"asyncckpt.bench: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="python -m asyncckpt.bench",
-        description="Measure checkpoint save and load throughput with honest per-chunk profiling.",
+        description="Measure checkpoint save and load throughput with honest per-chunk profiling. "
+        f"Subcommands (first argument): {', '.join(RESERVED)}; a target named like one is "
+        "written ./NAME. Overrides: +key=value, ++key=value.",
     )
     p.add_argument("target", nargs="?", help="file path or URI (default: a temporary directory)")
     p.add_argument("--size", type=_size("--size"), default=DEFAULT_SIZE, help="checkpoint size (1GiB)")
@@ -100,8 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="writer start method (default: ASYNCCKPT_MP_START_METHOD, else auto)",
     )
     p.add_argument("--writer-timeout", type=float, default=None, help="seconds a writer may take per request")
-    p.add_argument("--json", type=Path, default=None, help="also write results as JSON to FILE")
-    p.add_argument("--records", action="store_true", help="include per-chunk records in the JSON")
+    add_output_arguments(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary table")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     p.add_argument(
@@ -204,13 +201,35 @@ def compare_backends(plan: BenchPlan, loop: str) -> BenchReport:
     return BenchReport(plan, results, format_backend_comparison(results))
 
 
+def _rank() -> int:
+    try:
+        return world()[0]
+    except ConfigError:
+        return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m asyncckpt.bench [TARGET] [options] [+key=value ...]`` or ``SUBCOMMAND ...``."""
+    try:
+        cmd = split_command(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"asyncckpt.bench: error: {exc}", file=sys.stderr)
+        return 2
+    if cmd.name is not None:
+        from .subcommands import run_subcommand
+
+        return run_subcommand(cmd)
     parser = build_parser()
     try:  # --config / --model supply defaults; under mpirun every rank parses the same argv
         comm = get_comm()
-        args, info = parse_with_presets(parser, argv, comm.size)
+        # the grammar recognised the +/++ tokens; the workload loader applies them
+        tokens = [*cmd.argv, *(o.token for o in cmd.overrides)]
+        args, info = parse_with_presets(parser, tokens, comm.size)
+        check_target(args.target)
+        args.overrides = cmd.overrides
+        check_outputs(args, mpi=isinstance(comm, MPIComm) or comm.size > 1)
     except (ConfigError, MissingDependencyError) as exc:
-        if world()[0] == 0:  # under mpirun only rank 0 speaks
+        if _rank() == 0:  # under mpirun only rank 0 speaks
             print(f"asyncckpt.bench: error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(
@@ -255,6 +274,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("asyncckpt.bench: interrupted", file=sys.stderr)
         return 130
     print(report.text)
-    if args.json is not None:
-        args.json.write_text(json.dumps(report.to_json(records=args.records), indent=2) + "\n")
+    doc = stamp(report.to_json(records=needs_records(args)), argv)
+    try:
+        for line in write_outputs(doc, report.text, args):
+            print(f"[asyncckpt] {line}", file=sys.stderr)
+    except (ConfigError, MissingDependencyError) as exc:
+        print(f"asyncckpt.bench: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"asyncckpt.bench: failed writing results: {exc}", file=sys.stderr)
+        return 1
     return 0

@@ -13,7 +13,6 @@ New phases (e.g. loading) plug in as :class:`Phase` entries in :func:`phases_for
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import socket
@@ -32,6 +31,7 @@ from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, Target
 from ..metrics import SaveResult
 from ..monitor import now
 from ..report import Progress, format_distributed
+from ..schema import SCHEMA_VERSION
 from ..sinks import path_from_uri, scheme_of
 from .runner import BenchPlan
 from .scaleout import ScaleoutInfo
@@ -239,9 +239,11 @@ def run_distributed(
     for host, local_size, _, _ in hosts:
         nodes[host] = local_size
     report = {
+        "schema_version": SCHEMA_VERSION,
         "mode": "mpi",
         "world_size": comm.size,
         "nodes": nodes,
+        "launcher": me.launcher,
         "rank_info_source": me.source,
         "target": setup["base"],
         "layout": args.layout,
@@ -254,7 +256,14 @@ def run_distributed(
         "config_unused_keys": info.config_unused,
         "phases": phases,
     }
-    print(format_distributed(report))
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    text = format_distributed(report)
+    print(text)
+    from .outputs import write_outputs
+    from .resultfiles import stamp
+
+    try:
+        for line in write_outputs(stamp(report), text, args):
+            print(f"[asyncckpt] {line}", file=sys.stderr)
+    except OSError as exc:
+        return fail(1, f"failed writing results: {exc}")
     return 0

@@ -12,6 +12,7 @@ from ..checkpointer import AsyncCheckpointer
 from ..config import CheckpointConfig
 from ..metrics import SaveResult
 from ..report import Progress, format_comparison, format_phases, format_summary
+from ..schema import SCHEMA_VERSION
 from .load_args import drop_caches
 
 
@@ -58,6 +59,8 @@ class BenchReport:
 
     def to_json(self, *, records: bool = False) -> dict[str, Any]:
         return {
+            "schema_version": SCHEMA_VERSION,
+            "mode": "single",
             "size_bytes": self.plan.size,
             "target": self.plan.target,
             "summary": self.summary(),
