@@ -38,7 +38,7 @@ from ..sinks import path_from_uri, scheme_of
 from .dlio_layout import DLIO_GB, CheckpointPlan, PlannedObject, RankPlan, scaled, step_directory
 from .dlio_plan import format_plan, make_plan, plan_ranks, subset_note
 from .mlperf_results import host_facts, write_results_dir
-from .mpi_runner import RankFailure
+from .mpi_runner import RankFailure, settle
 from .runner import BenchPlan
 from .scaleout import ScaleoutInfo
 
@@ -130,15 +130,7 @@ async def _phase(
             }
         except Exception as exc:
             outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        await comm.abarrier()
-        phase_wall = now() - t0
-        gathered = await comm.agather(outcome)
-        failures = None
-        if gathered is not None:
-            failures = [f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if not o["ok"]]
-        failures = await comm.abcast(failures)
-        if failures:
-            raise RankFailure(f"{phase} {i}/{count} failed on " + "; ".join(failures))
+        gathered, phase_wall = await settle(comm, outcome, t0, f"{phase} {i}/{count}")
         if gathered is not None:
             results = [o["result"] for o in gathered]
             agg = aggregate_checkpoint(results, phase_wall)

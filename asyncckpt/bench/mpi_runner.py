@@ -77,6 +77,22 @@ class RankFailure(AsyncCkptError):
     """One or more ranks failed a phase; the message names them and their errors."""
 
 
+async def settle(comm: Comm, outcome: dict[str, Any], t0: float, what: str) -> tuple[list[Any] | None, float]:
+    """End of one checkpoint on every rank: barrier, wall time since ``t0`` (the slowest rank),
+    then rank 0 gathers each rank's ``{"ok", "result" | "error"}``. If any rank failed, every
+    rank raises :class:`RankFailure` naming them. Returns (gathered on rank 0 else None, wall)."""
+    await comm.abarrier()
+    wall = now() - t0
+    gathered = await comm.agather(outcome)
+    failures = None
+    if gathered is not None:
+        failures = [f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if not o["ok"]]
+    failures = await comm.abcast(failures)
+    if failures:
+        raise RankFailure(f"{what} failed on " + "; ".join(failures))
+    return gathered, wall
+
+
 def shard_uri(base: str, layout: str, rank: int, size: int, local_rank: int) -> str:
     try:
         name = layout.format(rank=rank, size=size, local_rank=local_rank)
@@ -137,17 +153,7 @@ async def _rank_main(plan: BenchPlan, comm: Comm, uri: str) -> list[dict[str, An
                         }
                     except Exception as exc:
                         outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-                    await comm.abarrier()
-                    wall = now() - t0
-                    gathered = await comm.agather(outcome)
-                    failures = None
-                    if gathered is not None:
-                        failures = [f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if not o["ok"]]
-                    failures = await comm.abcast(failures)
-                    if failures:
-                        raise RankFailure(
-                            f"{phase.name} {i + 1}/{phase.count} failed on " + "; ".join(failures)
-                        )
+                    gathered, wall = await settle(comm, outcome, t0, f"{phase.name} {i + 1}/{phase.count}")
                     if gathered is not None:
                         checkpoints.append(aggregate_checkpoint([o["result"] for o in gathered], wall))
                 if comm.is_root:
