@@ -229,9 +229,8 @@ class AsyncCheckpointer(LoadsMixin):
                         progress=progress,
                         sealer=sealer,
                     )
-            except BaseException as exc:
+            except BaseException:
                 await sink.abort()
-                note_publication(exc, sink.uri, published=False)
                 raise
             t_close = now()
             close_detail = await commit(sink)

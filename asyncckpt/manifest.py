@@ -11,7 +11,6 @@ asyncckpt's, and a load says so instead of trusting it.
 from __future__ import annotations
 
 import json
-import mmap
 import posixpath
 import time
 from collections.abc import Callable, Sequence
@@ -23,13 +22,13 @@ from .checksum import ALGORITHM, combine_all
 from .errors import ManifestError, ManifestMissingError, TargetNotFoundError
 from .manifest_schema import manifest_fields
 from .metrics import ChunkRecord
-from .pool import close_mapping
 from .sinks.base import Sink
 
 FORMAT = "asyncckpt-manifest"
 VERSION = 1
 SUFFIX = ".manifest.json"
 MAX_MANIFEST_BYTES = 64 * 2**20  # 16 bytes per chunk: far beyond any real checkpoint
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # fixed width: a sealed footer is sized before the save ends
 #: describe() keys that identify one published version of an object
 IDENTITY_KEYS = ("identity", "etag")
 
@@ -97,6 +96,31 @@ class Manifest:
         return cls(**kwargs)
 
 
+def manifest_for(
+    uri: str,
+    *,
+    size: int,
+    chunk_size: int,
+    source: dict[str, Any],
+    backend: dict[str, Any],
+    chunk_crc32c: tuple[int, ...],
+    object_crc32c: int,
+    created: str,
+) -> Manifest:
+    """The manifest of a save of ``size`` bytes to ``uri`` with the given checksums."""
+    return Manifest(
+        object=object_name(uri),
+        size=size,
+        chunk_size=chunk_size,
+        generator=str(source.get("generator", "caller")),
+        seed=source.get("seed"),
+        chunk_crc32c=chunk_crc32c,
+        object_crc32c=object_crc32c,
+        backend={k: v for k, v in backend.items() if isinstance(v, (str, int, float, bool, dict, list))},
+        created=created,
+    )
+
+
 def build_manifest(
     uri: str,
     *,
@@ -112,39 +136,16 @@ def build_manifest(
     if missing or sum(r.nbytes for r in ordered) != size:
         raise RuntimeError(f"save records do not cover {size} bytes with checksums (missing {missing[:5]})")
     crcs = tuple(int(r.checksum or 0) for r in ordered)
-    return Manifest(
-        object=object_name(uri),
+    return manifest_for(
+        uri,
         size=size,
         chunk_size=chunk_size,
-        generator=str(source.get("generator", "caller")),
-        seed=source.get("seed"),
+        source=source,
+        backend=backend,
         chunk_crc32c=crcs,
         object_crc32c=combine_all((c, r.nbytes) for c, r in zip(crcs, ordered, strict=True)),
-        backend={k: v for k, v in backend.items() if isinstance(v, (str, int, float, bool, dict, list))},
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        created=time.strftime(TIME_FORMAT, time.gmtime()),
     )
-
-
-async def write_manifest(manifest: Manifest, sink: Sink) -> None:
-    """Publish the manifest as a tiny object through ``sink`` (the sidecar's sink).
-
-    The bytes are copied into a page-aligned buffer first: O_DIRECT file sinks need one.
-    """
-    raw = manifest.to_json()
-    buf = mmap.mmap(-1, max(len(raw), 1))
-    view = memoryview(buf)
-    try:
-        view[: len(raw)] = raw
-        await sink.open(len(raw))
-        try:
-            await sink.write_part(0, view[: len(raw)])
-            await sink.complete()
-        except BaseException:
-            await sink.abort()
-            raise
-    finally:
-        view.release()
-        close_mapping(buf)
 
 
 async def read_manifest(sink: Sink, object_uri: str) -> Manifest:

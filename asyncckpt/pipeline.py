@@ -73,7 +73,7 @@ async def stream(
     held: set[PoolBuffer] = set()  # checked out during this call, for reclaiming on failure
     out = PipelineTimes(start=now())
     last_offset = (total - 1) // pool.chunk_size * pool.chunk_size if total else 0
-    before_last = [0]  # bytes of the other chunks written so far
+    before_last = 0  # bytes of the other chunks written so far
     others_done = asyncio.Event()
     if last_offset == 0:
         others_done.set()
@@ -115,6 +115,7 @@ async def stream(
             queue.put_nowait(None)
 
     async def consume() -> None:
+        nonlocal before_last
         while True:
             t0 = now()
             item = await queue.get()
@@ -136,8 +137,8 @@ async def stream(
                     inner = await sink.write_part(rec.offset, view)
                     rec.t_write_end = now()
                 rec.checksum, rec.checksum_s = summing.result()
-                before_last[0] += rec.nbytes
-                if before_last[0] == last_offset:
+                before_last += rec.nbytes
+                if before_last == last_offset:
                     others_done.set()
             rec.write_s = inner if inner is not None else rec.t_write_end - rec.t_write_start
             held.discard(buf)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ManifestError
-from .manifest import Manifest, build_manifest, object_name
+from .manifest import Manifest, build_manifest, manifest_for
 from .metrics import ChunkRecord
 from .sinks.base import Sink
 
@@ -107,15 +107,14 @@ def check_geometry(manifest: Manifest, offset: int, where: str) -> None:
 
 def template_for(uri: str, size: int, chunk_size: int, source: dict[str, Any], backend: str) -> Manifest:
     """The manifest a save will seal, with placeholder checksums: sized before any byte is written."""
-    return Manifest(
-        object=object_name(uri),
+    return manifest_for(
+        uri,
         size=size,
         chunk_size=chunk_size,
-        generator=str(source.get("generator", "caller")),
-        seed=source.get("seed"),
+        source=source,
+        backend={"backend": backend},
         chunk_crc32c=(0,) * -(-size // chunk_size),
         object_crc32c=0,
-        backend={"backend": backend},
         created=PLACEHOLDER_TIME,
     )
 
