@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -62,6 +63,23 @@ def expected_bytes(size: int, chunk_size: int, seed: int) -> bytes:
         want = min(chunk_size, size - offset)
         assert gen.fill_chunk(view[offset : offset + want]) == want
     return bytes(out)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_bench(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python -m asyncckpt.bench ARGS`` in a fresh interpreter, from this checkout."""
+    return subprocess.run(
+        [sys.executable, "-m", "asyncckpt.bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)},
+    )
 
 
 def checkpoint_data(raw: bytes) -> bytes:

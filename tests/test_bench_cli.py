@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import checkpoint_data
+from .conftest import checkpoint_data, run_bench
 
-
-def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "asyncckpt.bench", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )
+bench = run_bench
 
 
 def test_default_run_prints_results_and_cleans_up(tmp_path: Path) -> None:

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import mount
+from .conftest import mount, run_bench
 
-
-def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "asyncckpt.bench", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )
+bench = run_bench
 
 
 @pytest.mark.parametrize("where", ["missing/r.json", "."])

@@ -3,7 +3,7 @@ overrides handed to one hook; ``python -m asyncckpt.bench [TARGET] [options]`` u
 
 from __future__ import annotations
 
-import os
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -13,20 +13,9 @@ import pytest
 from asyncckpt.bench.grammar import RESERVED, Override, split_command
 from asyncckpt.errors import ConfigError
 
-from .conftest import checkpoint_data
+from .conftest import checkpoint_data, run_bench
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "asyncckpt.bench", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+bench = functools.partial(run_bench, timeout=60)
 
 
 def test_split_command() -> None:

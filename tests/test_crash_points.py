@@ -23,11 +23,12 @@ import pytest
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.units import MiB
 
+from .conftest import ROOT
+
 CHILD = Path(__file__).with_name("crash_child.py")
 CHUNK = 1 * MiB
 SIZE_A, SEED_A = 3 * CHUNK + 123, 1
 SIZE_B, SEED_B = 6 * CHUNK + 4567, 2  # 7 chunks: 7 pwrites (the last one carries the footer)
-ROOT = str(Path(__file__).resolve().parents[1])
 
 
 async def save(target: Path, size: int, seed: int) -> None:
@@ -44,7 +45,7 @@ async def loaded_version(target: Path) -> str:
 
 
 def child(target: Path, step: str, nth: int) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [sys.executable, str(CHILD), str(target), str(SIZE_B), str(SEED_B), step, str(nth)],
         stdout=subprocess.PIPE,

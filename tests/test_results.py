@@ -7,9 +7,6 @@ import copy
 import csv
 import html.parser
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +16,11 @@ import pytest
 from asyncckpt.bench.s3endpoint import S3Endpoint
 from asyncckpt.schema import SCHEMA_VERSION, load_schema
 
+from .conftest import run_bench
 from .result_schema import assert_valid
 from .s3_harness import new_bucket
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def bench(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "asyncckpt.bench", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)},
-    )
+bench = run_bench
 
 
 SMALL = ("--size", "8MiB", "--chunk-size", "1MiB", "--num-buffers", "3", "-q")
