@@ -29,6 +29,16 @@ def _positive_int(name: str, value: object, minimum: int = 1) -> None:
         raise ConfigError(f"{name} must be >= {minimum}, got {value!r}")
 
 
+def _seconds(name: str, value: object) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not value > 0
+        or value == float("inf")
+    ):
+        raise ConfigError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+
+
 def default_generator() -> str:
     """``ASYNCCKPT_DATA_GEN`` when set (validated), else dgen-py."""
     value = os.environ.get(DATA_GEN_ENV, "dgen").strip().lower() or "dgen"
@@ -63,6 +73,8 @@ class CheckpointConfig:
     # None: ASYNCCKPT_MP_START_METHOD, else MLPS_CHECKPOINT_MP_START_METHOD, else "auto"
     mp_start_method: str | None = None
     writer_timeout: float = 300.0  # longest a writer process may take to answer one request
+    # no storage call finishing for this long fails the save/load with StallError (watchdog.py)
+    stall_timeout: float = 20.0
 
     def __post_init__(self) -> None:
         _positive_int("chunk_size", self.chunk_size, ALIGN)
@@ -96,6 +108,7 @@ class CheckpointConfig:
             raise ConfigError(f"writer_timeout must be a number of seconds, got {self.writer_timeout!r}")
         if not self.writer_timeout > 0:
             raise ConfigError(f"writer_timeout must be > 0 s, got {self.writer_timeout!r}")
+        _seconds("stall_timeout", self.stall_timeout)
         if self.backend is not None:  # e.g. fork for an object store: refused before any I/O
             resolve_policy(self.backend, isolation=self.isolation, mp_start_method=self.mp_start_method)
 

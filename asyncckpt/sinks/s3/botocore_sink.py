@@ -147,6 +147,7 @@ class AiobotocoreSink(S3SinkBase):
             response_checksum_validation="when_required",
             retries=self._retries(),
             connect_timeout=s.connect_timeout,
+            read_timeout=s.request_timeout,  # each wait for the server's bytes (aiohttp sock_read)
             max_pool_connections=max(16, s.max_in_flight * 2),
             # botocore's validator only admits bytes/bytearray/file bodies; the request path
             # itself takes the pool's memoryview as is, which saves a copy per part
