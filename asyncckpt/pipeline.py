@@ -34,6 +34,25 @@ class PipelineTimes:
     end: float = 0.0
 
 
+class FirstFailure:
+    """The failures of one pass, in the order they happened: the first is the cause.
+
+    A task group reports errors in the order its tasks *finish*; a writer whose part failed
+    first may finish last (it still waits for its checksum thread) while another writer's
+    later error (a closed upload, "request has already completed") finishes first.
+    """
+
+    def __init__(self) -> None:
+        self.first: BaseException | None = None
+
+    def saw(self, exc: BaseException) -> None:
+        if self.first is None and not isinstance(exc, asyncio.CancelledError):
+            self.first = unwrap_group(exc) if isinstance(exc, BaseExceptionGroup) else exc
+
+    def cause(self, group: BaseExceptionGroup[BaseException]) -> BaseException:
+        return self.first if self.first is not None else unwrap_group(group)
+
+
 def unwrap_group(exc: BaseExceptionGroup[BaseException]) -> BaseException:
     """The first real error of a task group (cancellations are consequences, not causes)."""
     leaves: list[BaseException] = []
@@ -66,8 +85,16 @@ async def stream(
     queue: asyncio.Queue[tuple[PoolBuffer, ChunkRecord] | None] = asyncio.Queue()
     held: set[PoolBuffer] = set()  # checked out during this call, for reclaiming on failure
     out = PipelineTimes(start=now())
+    failures = FirstFailure()
 
     async def produce() -> None:
+        try:
+            await _produce()
+        except BaseException as exc:
+            failures.saw(exc)
+            raise
+
+    async def _produce() -> None:
         offset = index = 0
         while offset < total:
             t0 = now()
@@ -86,6 +113,13 @@ async def stream(
             queue.put_nowait(None)
 
     async def consume() -> None:
+        try:
+            await _consume()
+        except BaseException as exc:
+            failures.saw(exc)
+            raise
+
+    async def _consume() -> None:
         while True:
             t0 = now()
             item = await queue.get()
@@ -100,7 +134,11 @@ async def stream(
             # on its own, and the buffer is released only when both are done
             async with asyncio.TaskGroup() as both:
                 summing = both.create_task(run_blocking(executor, timed_crc, view))
-                inner = await sink.write_part(rec.offset, view)
+                try:
+                    inner = await sink.write_part(rec.offset, view)
+                except BaseException as exc:
+                    failures.saw(exc)  # now, not when this task group has waited for `summing`
+                    raise
                 rec.t_write_end = now()
             rec.checksum, rec.checksum_s = summing.result()
             rec.write_s = inner if inner is not None else rec.t_write_end - rec.t_write_start
@@ -115,7 +153,7 @@ async def stream(
             for i in range(max_in_flight):
                 tg.create_task(consume(), name=f"asyncckpt-writer-{i}")
     except BaseExceptionGroup as group:
-        raise unwrap_group(group) from None
+        raise failures.cause(group) from None
     finally:
         pool.reclaim(list(held))
     out.end = now()
@@ -146,8 +184,16 @@ async def write_preallocated(
         ]
         out = PipelineTimes(start=now())
         offsets = iter(range(0, total, chunk_size))
+        failures = FirstFailure()
 
         async def writer() -> None:
+            try:
+                await _writer()
+            except BaseException as exc:
+                failures.saw(exc)
+                raise
+
+        async def _writer() -> None:
             for offset in offsets:
                 rec = ChunkRecord(len(out.records), offset, min(chunk_size, total - offset))
                 rec.checksum, rec.checksum_s = sums[offset // chunk_size]
@@ -165,7 +211,7 @@ async def write_preallocated(
                 for _ in range(max_in_flight):
                     tg.create_task(writer())
         except BaseExceptionGroup as group:
-            raise unwrap_group(group) from None
+            raise failures.cause(group) from None
         out.end = now()
         return out, gen_s
     finally:

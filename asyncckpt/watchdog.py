@@ -167,11 +167,11 @@ class WatchedSink(Sink):
         return await self.watchdog.run("complete", lambda: self.inner.complete(*args, **kwargs))
 
     async def abort(self) -> None:
-        """Never raises for a stall: the error that caused the abort is the one to report."""
+        """Never raises (a stall included): the error that caused the abort is the one to report."""
         try:
             await self.watchdog.run("abort", self.inner.abort)
-        except StallError as exc:
-            log.warning("abort gave up (an upload or temporary file may be left for cleanup): %s", exc)
+        except Exception as exc:
+            log.warning("abort failed (an upload or temporary file may be left for cleanup): %s", exc)
 
     async def open_read(self, *, defeat_cache: bool = True) -> None:
         await self.watchdog.run("open for reading", lambda: self.inner.open_read(defeat_cache=defeat_cache))

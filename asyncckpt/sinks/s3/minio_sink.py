@@ -81,9 +81,7 @@ class MinioSink(S3SinkBase):
         try:
             return await run_blocking(self.executor, fn, *args)
         except (MinioException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-            if isinstance(exc, StorageError):
-                raise
-            raise self._map(exc, action) from None
+            raise self.first_cause(exc if isinstance(exc, StorageError) else self._map(exc, action)) from None
 
     async def open(self, size: int) -> None:
         self.layout(size)

@@ -107,12 +107,12 @@ class S3dlioSink(S3SinkBase):
     async def _run(self, action: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return await run_blocking(self.executor, lambda: fn(*args, **kwargs))
-        except StorageError:
-            raise
+        except StorageError as exc:
+            raise self.first_cause(exc) from None
         except Exception as exc:
             if isinstance(exc, (ConfigError, BufferError)):
                 raise
-            raise self._map(exc, action) from None
+            raise self.first_cause(self._map(exc, action)) from None
 
     async def open(self, size: int) -> None:
         self.layout(size)
