@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from asyncckpt import AsyncCheckpointer, StallError
+from asyncckpt import AsyncCheckpointer, StallError, StorageError
 from asyncckpt.bench.s3endpoint import S3Endpoint
 from asyncckpt.sinks.s3 import sink_class
 
@@ -108,3 +108,27 @@ def test_out_of_process_backends_stall_the_same_way(moto_endpoint: S3Endpoint) -
         proc = run_child_suite(__file__, moto_endpoint, selection)
         assert proc.returncode == 0, selection + "\n" + proc.stdout[-4000:] + proc.stderr[-2000:]
         assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("backend", ["aiobotocore", "minio"])
+async def test_request_timeout_bounds_one_request(backend: str, moto_endpoint: S3Endpoint) -> None:
+    """With a generous watchdog, the library's own request timeout ends the stuck request."""
+    if in_child():
+        pytest.skip("runs in the parent process")
+    ep = moto_endpoint
+    bucket = await asyncio.to_thread(new_bucket, ep)
+    proxy = TcpProxy(ep.endpoint, stall_after=CHUNK + CHUNK // 2)
+    options = ep.options(endpoint_url=proxy.endpoint, request_timeout=1.0, max_attempts=1)
+    try:
+        async with AsyncCheckpointer(
+            chunk_size=CHUNK, num_buffers=3, backend=backend, backend_options=options, stall_timeout=60.0
+        ) as ckpt:
+            started = time.monotonic()
+            with pytest.raises(StorageError) as info:
+                await ckpt.save(f"s3://{bucket}/t.bin", 8 * CHUNK)
+            took = time.monotonic() - started
+    finally:
+        await asyncio.to_thread(proxy.cut)
+    assert not isinstance(info.value, StallError), info.value
+    assert took < 15, f"{took:.1f} s"
+    assert await visible(ep, bucket) == []

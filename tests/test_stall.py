@@ -144,3 +144,10 @@ async def test_slow_but_moving_storage_is_not_a_stall(hang: type[HangSink]) -> N
 def test_stall_timeout_is_validated(bad: object) -> None:
     with pytest.raises(ConfigError, match="stall_timeout"):
         CheckpointConfig(stall_timeout=bad)  # type: ignore[arg-type]
+
+
+def test_defaults_fail_a_stalled_save_within_30_s() -> None:
+    """The documented bound: stall_timeout, then half of it for the abort and close."""
+    from asyncckpt.watchdog import CLEANUP_SHARE
+
+    assert CheckpointConfig().stall_timeout * (1 + CLEANUP_SHARE) <= 30.0
