@@ -27,6 +27,7 @@ from .sinks.base import Sink
 from .sources import CallerData, make_source
 from .sources.base import Source
 from .topology import thread_budget
+from .watchdog import unwrap, watch
 
 log = logging.getLogger("asyncckpt")
 METHODS = ("streaming", "preallocate")
@@ -51,6 +52,7 @@ class AsyncCheckpointer(LoadsMixin):
         self._executor: ThreadPoolExecutor | None = None
         self._lock = asyncio.Lock()
         self._closed = False
+        self._stalled = False  # set by the stall watchdog
 
     # -- lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> AsyncCheckpointer:
@@ -68,14 +70,17 @@ class AsyncCheckpointer(LoadsMixin):
             executor, self._executor = self._executor, None
             # every job was awaited (run_blocking never abandons one): threads are idle and
             # join at once, so this does not block the loop
-            executor.shutdown(wait=True)
+            executor.shutdown(wait=not self._stalled)  # a thread stuck in a library is not joined
         if self._pool is not None:
-            self._pool.close()
+            if not self._stalled:  # else a stuck thread may still read it: unmapped when unused
+                self._pool.close()
             self._pool = None
 
     def _ensure_executor(self) -> ThreadPoolExecutor:
         if self._closed:
             raise RuntimeError("AsyncCheckpointer is closed")
+        if self._stalled:  # threads may still hold buffers: neither is reused (watchdog.py)
+            self._executor, self._pool, self._stalled = None, None, False
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
                 max_workers=self.config.num_buffers + 2, thread_name_prefix="asyncckpt"
@@ -104,6 +109,14 @@ class AsyncCheckpointer(LoadsMixin):
 
     # -- saving ------------------------------------------------------------------------
     def _sink(self, uri: str) -> Sink:
+        """Every sink runs under the stall watchdog; a stall retires the pool and executor."""
+
+        def stalled() -> None:
+            self._stalled = True
+
+        return watch(self._unwatched_sink(uri), self.config.stall_timeout, stalled)
+
+    def _unwatched_sink(self, uri: str) -> Sink:
         if not isinstance(uri, (str, os.PathLike)):
             raise ConfigError(f"uri must be a string or path, got {uri!r}")
         options = SinkOptions(
@@ -194,12 +207,12 @@ class AsyncCheckpointer(LoadsMixin):
     ) -> SaveResult:
         executor = self._ensure_executor()
         in_flight = self.config.max_in_flight or min(sink.default_in_flight, self.config.num_buffers)
-        isolated = isinstance(sink, ProcessSink)
+        isolated = isinstance(writer := unwrap(sink), ProcessSink)
         pool = await self._ensure_pool(shared=isolated) if method == "streaming" else None
         if pool is not None:
             pool.reset_stats()
-            if isinstance(sink, ProcessSink) and isinstance(pool, SharedBufferPool):
-                sink.attach_arena(pool.arena)  # chunks travel to the writer as arena offsets
+            if isinstance(writer, ProcessSink) and isinstance(pool, SharedBufferPool):
+                writer.attach_arena(pool.arena)  # chunks travel to the writer as arena offsets
         sealer = sealer_for(sink.uri, size, self.config.chunk_size, source.describe(), sink.backend)
         async with LoopMonitor(self.config.monitor_interval) as monitor:
             t0 = now()

@@ -79,6 +79,8 @@ class CheckpointConfig:
     # None: ASYNCCKPT_MP_START_METHOD, else MLPS_CHECKPOINT_MP_START_METHOD, else "auto"
     mp_start_method: str | None = None
     writer_timeout: float = 300.0  # longest a writer process may take to answer one request
+    # no storage call finishing for this long fails the save/load with StallError (watchdog.py)
+    stall_timeout: float = 20.0
 
     @classmethod
     def from_options(cls, **options: Any) -> CheckpointConfig:
@@ -126,6 +128,7 @@ class CheckpointConfig:
             validate_choice("mp_start_method", self.mp_start_method, START_METHODS)
         requested_start_method(self.mp_start_method)  # a bad env value fails here, not mid-run
         _seconds("writer_timeout", self.writer_timeout, MAX_TIMEOUT_S)
+        _seconds("stall_timeout", self.stall_timeout, MAX_TIMEOUT_S)
         if self.backend is not None:  # e.g. fork for an object store: refused before any I/O
             resolve_policy(self.backend, isolation=self.isolation, mp_start_method=self.mp_start_method)
 

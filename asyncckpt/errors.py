@@ -59,6 +59,15 @@ class WriterProcessError(AsyncCkptError, RuntimeError):
     """The isolated writer process died, stalled or failed."""
 
 
+class StallError(AsyncCkptError, TimeoutError):
+    """Storage made no progress for ``stall_timeout`` seconds; ``stage`` names the stuck call
+    (``open``, ``write part 3``, ``complete``, ``abort``, ``read at offset …``)."""
+
+    def __init__(self, message: str, *, stage: str = "") -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
 class IntegrityError(AsyncCkptError, ValueError):
     """Data read back does not match what was written."""
 

@@ -29,6 +29,7 @@ from .seal import read_sealed
 from .sinks.base import Sink
 from .topology import ThreadBudget
 from .verify import Verifier, make_verifier
+from .watchdog import unwrap
 
 ProgressFn = Callable[[int], None]
 
@@ -187,10 +188,10 @@ class LoadsMixin:
         verifier: Verifier | None = None
         try:
             async with self._lock:
-                isolated = isinstance(sink, ProcessSink)
+                isolated = isinstance(reader := unwrap(sink), ProcessSink)
                 pool = await self._ensure_pool(shared=isolated)
-                if isinstance(sink, ProcessSink) and isinstance(pool, SharedBufferPool):
-                    sink.attach_arena(pool.arena)  # reads land in the arena, not in pipe messages
+                if isinstance(reader, ProcessSink) and isinstance(pool, SharedBufferPool):
+                    reader.attach_arena(pool.arena)  # reads land in the arena, not in pipe messages
                 pool.reset_stats()
                 executor = self._ensure_executor()
                 async with LoopMonitor(self.config.monitor_interval) as monitor:

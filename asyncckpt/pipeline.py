@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import mmap
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ._blocking import run_blocking
 from .checksum import timed_crc
@@ -24,6 +25,7 @@ from .sinks.base import Sink
 from .sources.base import Source, fill_sequentially
 
 ProgressFn = Callable[[int], None]
+T = TypeVar("T")
 
 
 @dataclass
@@ -33,6 +35,33 @@ class PipelineTimes:
     records: list[ChunkRecord] = field(default_factory=list)
     start: float = 0.0
     end: float = 0.0
+
+
+class FirstFailure:
+    """The failures of one pass, in the order they happened: the first is the cause.
+
+    A task group reports errors in the order its tasks *finish*; a writer whose part failed
+    first may finish last (it still waits for its checksum thread) while another writer's
+    later error (a closed upload, "request has already completed") finishes first.
+    """
+
+    def __init__(self) -> None:
+        self.first: BaseException | None = None
+
+    def saw(self, exc: BaseException) -> None:
+        if self.first is None and not isinstance(exc, asyncio.CancelledError):
+            self.first = unwrap_group(exc) if isinstance(exc, BaseExceptionGroup) else exc
+
+    def cause(self, group: BaseExceptionGroup[BaseException]) -> BaseException:
+        return self.first if self.first is not None else unwrap_group(group)
+
+    async def watch(self, step: Awaitable[T]) -> T:
+        """Await ``step``; a failure is recorded the moment it happens."""
+        try:
+            return await step
+        except BaseException as exc:
+            self.saw(exc)
+            raise
 
 
 def unwrap_group(exc: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -77,6 +106,7 @@ async def stream(
     others_done = asyncio.Event()
     if last_offset == 0:
         others_done.set()
+    failures = FirstFailure()
 
     async def write_sealed(buf: PoolBuffer, rec: ChunkRecord) -> float | None:
         """The last chunk: its checksum, then (all others written) data + footer in one go."""
@@ -126,7 +156,7 @@ async def stream(
             rec.t_write_start = now()
             rec.wait_data_s = rec.t_write_start - t0
             if sealer is not None and rec.offset == last_offset:
-                inner = await write_sealed(buf, rec)
+                inner = await failures.watch(write_sealed(buf, rec))
                 rec.t_write_end = now()
             else:
                 # the checksum reads the buffer while it is being written: off the producer's
@@ -134,7 +164,8 @@ async def stream(
                 # on its own, and the buffer is released only when both are done
                 async with asyncio.TaskGroup() as both:
                     summing = both.create_task(run_blocking(executor, timed_crc, view))
-                    inner = await sink.write_part(rec.offset, view)
+                    # recorded now, not when this group has waited for `summing`
+                    inner = await failures.watch(sink.write_part(rec.offset, view))
                     rec.t_write_end = now()
                 rec.checksum, rec.checksum_s = summing.result()
                 before_last += rec.nbytes
@@ -148,11 +179,11 @@ async def stream(
 
     try:
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(produce(), name="asyncckpt-producer")
+            tg.create_task(failures.watch(produce()), name="asyncckpt-producer")
             for i in range(max_in_flight):
-                tg.create_task(consume(), name=f"asyncckpt-writer-{i}")
+                tg.create_task(failures.watch(consume()), name=f"asyncckpt-writer-{i}")
     except BaseExceptionGroup as group:
-        raise unwrap_group(group) from None
+        raise failures.cause(group) from None
     finally:
         pool.reclaim(list(held))
     out.end = now()
@@ -206,6 +237,7 @@ async def write_preallocated(
             whole[end - len(footer) : end] = footer  # the gap before it is the mapping's zeros
         out = PipelineTimes(start=now())
         pending = iter(records)
+        failures = FirstFailure()
 
         async def writer() -> None:
             for rec in pending:
@@ -213,7 +245,7 @@ async def write_preallocated(
                 out.records.append(rec)
                 rec.t_acquire = rec.t_write_start = now()
                 stop = end if offset + rec.nbytes == total else offset + rec.nbytes
-                inner = await sink.write_part(offset, whole[offset:stop])
+                inner = await failures.watch(sink.write_part(offset, whole[offset:stop]))
                 rec.t_write_end = now()
                 rec.write_s = inner if inner is not None else rec.t_write_end - rec.t_write_start
                 rec.fill_s = gen_s * rec.nbytes / total if total else 0.0
@@ -223,9 +255,9 @@ async def write_preallocated(
         try:
             async with asyncio.TaskGroup() as tg:
                 for _ in range(max_in_flight):
-                    tg.create_task(writer())
+                    tg.create_task(failures.watch(writer()))
         except BaseExceptionGroup as group:
-            raise unwrap_group(group) from None
+            raise failures.cause(group) from None
         out.end = now()
         out.records.sort(key=lambda r: r.index)
         return out, gen_s

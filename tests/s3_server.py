@@ -1,5 +1,6 @@
 """Test helpers around the S3 servers of ``tests/plugins/s3servers.py``: an IAM user on an
-authenticating moto, and a TCP relay that can be cut (a network outage mid-upload)."""
+authenticating moto, and a TCP relay that can be cut (a network outage mid-upload) or stall
+(a server that stops answering mid-part, as under SIGSTOP)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,18 @@ class TcpProxy:
     refused connections while the server behind (and what it stored) stays inspectable.
     """
 
-    def __init__(self, target: str, *, drop_first: int = 0) -> None:
-        """``drop_first``: close that many accepted connections at once (transient faults)."""
+    def __init__(self, target: str, *, drop_first: int = 0, stall_after: int | None = None) -> None:
+        """``drop_first``: close that many accepted connections at once (transient faults).
+
+        ``stall_after``: once that many request bytes went to the server, nothing more moves
+        either way on any connection, old or new, and nothing is closed: the server looks
+        stopped (like SIGSTOP) until :meth:`cut`. ``stalled`` is set at that moment.
+        """
         self.drop_first = drop_first
+        self.stall_after = stall_after
+        self.sent = 0  # request bytes forwarded to the server
+        self.stalled = threading.Event()
+        self._cut = threading.Event()
         host, port = target.removeprefix("http://").split(":")
         self.target = (host, int(port))
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -68,21 +78,34 @@ class TcpProxy:
             upstream = socket.create_connection(self.target)
             with self._lock:
                 self._socks += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                t = threading.Thread(target=self._pump, args=(a, b), daemon=True)
+            for a, b, up in ((client, upstream, True), (upstream, client, False)):
+                t = threading.Thread(target=self._pump, args=(a, b, up), daemon=True)
                 t.start()
                 self._threads.append(t)
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
         with contextlib.suppress(OSError):
             while data := src.recv(1 << 16):
-                dst.sendall(data)
+                if upstream and self.stall_after is not None and not self.stalled.is_set():
+                    with self._lock:
+                        room = self.stall_after - self.sent
+                        self.sent += min(room, len(data))
+                        if room <= len(data):
+                            self.stalled.set()
+                    data = data[: max(room, 0)]
+                    if data:
+                        dst.sendall(data)
+                elif not self.stalled.is_set():
+                    dst.sendall(data)
+                if self.stalled.is_set():
+                    self._cut.wait()  # hold the connection open, forward nothing, until cut()
+                    return
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
 
     def cut(self) -> None:
         """Refuse new connections and reset every open one."""
+        self._cut.set()
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()

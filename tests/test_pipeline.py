@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from asyncckpt import AsyncCheckpointer
+from asyncckpt import AsyncCheckpointer, StorageError
 from asyncckpt._blocking import run_blocking
 from asyncckpt.metrics import GENERATION, IO
 from asyncckpt.sinks import BACKENDS, SCHEMES, register_backend
@@ -175,3 +176,36 @@ async def test_start_is_logged_with_thread_budget(tmp_path: Path, caplog: pytest
             result = await ckpt.save(tmp_path / "l.bin", CHUNK)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("save ")]
     assert f"{result.metadata.gen_threads} threads" in line and "ranks on this node" in line
+
+
+class FirstFailsLastSink(MemorySink):
+    """Part 2 fails at once; part 1 fails only afterwards, as a consequence (an upload the
+    library already gave up). Part 1's writer finishes first: its checksum is long done,
+    while part 2's writer still waits for its own checksum thread."""
+
+    backend = "first-fails-last"
+    default_in_flight = 2
+
+    def __init__(self, uri: str, **kwargs: Any) -> None:
+        super().__init__(uri, **kwargs)
+        self.failed = asyncio.Event()
+
+    async def write_part(self, offset: int, data: memoryview) -> float | None:
+        if offset == 0:
+            await self.failed.wait()
+            raise StorageError(errno.EIO, "complete upload: request has already completed")
+        self.failed.set()
+        raise StorageError(errno.ENOSPC, "part 2: 503 Service Unavailable (out of space)")
+
+
+async def test_the_first_failure_is_reported_not_its_consequence() -> None:
+    saved_b, saved_s = dict(BACKENDS), dict(SCHEMES)
+    register_backend("first-fails-last", FirstFailsLastSink, scheme="firstfails")
+    try:
+        async with AsyncCheckpointer(chunk_size=64 * MiB, num_buffers=2) as ckpt:
+            with pytest.raises(StorageError, match="part 2: 503"):
+                # a third (last) chunk: a sealed save writes it only after the others
+                await ckpt.save("firstfails://x", 128 * MiB + 1)
+    finally:
+        BACKENDS.clear(), BACKENDS.update(saved_b)
+        SCHEMES.clear(), SCHEMES.update(saved_s)

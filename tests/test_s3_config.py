@@ -64,6 +64,8 @@ def test_secrets_never_in_repr_str_or_describe() -> None:
         ({"access_key_id": "only-the-key"}, "must be given together"),
         ({"partsize": 5}, "unknown S3 backend option"),
         ({"dotenv": "/nonexistent/.env"}, "no such file"),
+        ({"request_timeout": 0}, "request_timeout must be a number of seconds > 0"),
+        ({"request_timeout": "soon"}, "request_timeout must be a number of seconds > 0"),
     ],
 )
 def test_invalid_options_are_rejected(options: dict[str, object], message: str) -> None:
@@ -150,3 +152,49 @@ def test_status_digits_inside_names_are_not_statuses() -> None:
     assert isinstance(storage_error(missing, missing, "get", settings), TargetNotFoundError)
     plain = "timeout talking to s3://b-404e/k"
     assert type(storage_error(plain, plain, "get", settings)).__name__ == "StorageError"
+
+
+def test_request_timeout_option() -> None:
+    settings = S3Settings.resolve({"request_timeout": "2.5", "dotenv": False}, env={})
+    assert settings.request_timeout == 2.5 and settings.describe()["request_timeout_s"] == 2.5
+    assert S3Settings.resolve({"dotenv": False}, env={}).request_timeout == 10.0
+
+
+@pytest.mark.parametrize("backend", ["aiobotocore", "minio", "s3dlio", "s3torchconnector"])
+def test_an_upload_reports_its_first_failure_over_later_ones(backend: str) -> None:
+    import errno
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asyncckpt.errors import NoSpaceError, StorageError
+    from asyncckpt.sinks import SinkOptions, make_sink
+
+    with ThreadPoolExecutor(1) as executor:
+        options = SinkOptions(
+            chunk_size=5 * MiB, extra={"endpoint_url": "http://127.0.0.1:9", "dotenv": False}
+        )
+        sink = make_sink("s3://bucket/key", backend=backend, executor=executor, options=options)
+    first = NoSpaceError(errno.ENOSPC, "upload part 2: 503 out of space")
+    assert sink.first_cause(first) is first  # type: ignore[attr-defined]
+    later = sink.first_cause(StorageError(errno.EIO, "complete: request has already completed"))  # type: ignore[attr-defined]
+    assert type(later) is NoSpaceError and str(later) == str(first)
+    assert "request has already completed" in "".join(later.__notes__)
+    sink.layout(10 * MiB)  # type: ignore[attr-defined]  # a new upload starts with a clean slate
+    other = StorageError(errno.EIO, "another upload")
+    assert sink.first_cause(other) is other  # type: ignore[attr-defined]
+
+
+def test_mountpoint_lost_cause_is_not_passed_off_as_the_cause() -> None:
+    pytest.importorskip("s3torchconnectorclient", reason="part of the test extra")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asyncckpt.sinks import SinkOptions, make_sink
+
+    with ThreadPoolExecutor(1) as executor:
+        options = SinkOptions(
+            chunk_size=5 * MiB, extra={"endpoint_url": "http://127.0.0.1:9", "dotenv": False}
+        )
+        sink = make_sink("s3://bucket/key", backend="s3torchconnector", executor=executor, options=options)
+    text = "Client error: Unknown CRT error: CRT error 14366: aws-c-s3: AWS_ERROR_S3_REQUEST_HAS_COMPLETED"
+    err = sink._map(RuntimeError(text), "complete upload of")  # type: ignore[attr-defined]
+    assert "already failed in the background" in str(err) and "not known" in str(err)
+    assert "out of space" not in str(err)

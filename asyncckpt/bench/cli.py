@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="writer start method (default: ASYNCCKPT_MP_START_METHOD, else auto)",
     )
     p.add_argument("--writer-timeout", type=float, default=None, help="seconds a writer may take per request")
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=None,
+        help="fail when storage makes no progress this long (20 s)",
+    )
     add_output_arguments(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary table")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
@@ -157,6 +163,8 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
     options["mp_start_method"] = args.mp_start_method
     if args.writer_timeout is not None:
         options["writer_timeout"] = args.writer_timeout
+    if args.stall_timeout is not None:
+        options["stall_timeout"] = args.stall_timeout
     config = CheckpointConfig(**options)
     methods = ("streaming", "preallocate") if args.method == "both" else (args.method,)
     load = load_plan_from_args(args, config)

@@ -8,6 +8,7 @@ proof that the S3 layer and its authentication are up, not just that a port is o
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ from ..sinks.s3.sigv4 import sigv4_request
 __all__ = ["S3Endpoint", "sigv4_request"]
 
 _CLIENTS: dict[tuple[str, str, str], Any] = {}
+#: how long start-up requests (bucket creation) keep retrying a server that is not ready
+STARTUP_DEADLINE_S = 30.0
+RETRY_STATUSES = (0, 429, 500, 502, 503, 504)  # 0: no answer (connection refused or reset)
 
 
 @dataclass(frozen=True)
@@ -117,11 +121,28 @@ class S3Endpoint:
             return False
         return status == 200
 
-    def create_bucket(self, name: str | None = None) -> str:
-        """Create a bucket (a unique ``test-…`` name when none is given) and return its name."""
+    def create_bucket(self, name: str | None = None, *, deadline_s: float = STARTUP_DEADLINE_S) -> str:
+        """Create a bucket (a unique ``test-…`` name when none is given) and return its name.
+
+        Right after start-up a server may still refuse (Swift answered 503 "Please reduce your
+        request rate" to 1 in 5 first bucket creations; a loaded machine resets connections):
+        503/500/429 and connection errors are retried with backoff until ``deadline_s``.
+        Any other answer fails at once.
+        """
         name = name or f"test-{uuid.uuid4().hex[:16]}"
-        status, body = self.request("PUT", f"/{name}", timeout=30.0)  # a loaded machine is slow
-        if status != 200:
+        deadline = time.monotonic() + deadline_s
+        delay, retried = 0.05, False
+        while True:
+            try:
+                status, body = self.request("PUT", f"/{name}", timeout=30.0)  # a loaded machine is slow
+            except OSError as exc:
+                status, body = 0, str(exc).encode()
+            if status == 200:
+                return name
+            if retried and status == 409 and b"BucketAlreadyOwnedByYou" in body:  # an earlier try got in
+                return name
             text = body.decode(errors="replace")[:300]
-            raise StorageError(f"create bucket {name!r} at {self.endpoint}: HTTP {status}: {text}")
-        return name
+            if status not in RETRY_STATUSES or time.monotonic() + delay > deadline:
+                raise StorageError(f"create bucket {name!r} at {self.endpoint}: HTTP {status}: {text}")
+            time.sleep(delay)  # a setup step off any event loop (tests call it via to_thread)
+            delay, retried = min(delay * 2, 1.0), True

@@ -206,6 +206,10 @@ class ProcessSink(Sink):
             self._proc.kill()  # SIGKILL works on a stopped or hung process too
             await self._child_exited()  # the one place that reaps it
 
+    async def kill(self, why: str) -> None:
+        """Kill the writer now (the stall watchdog): pending calls fail, nothing waits on it."""
+        await self._kill(f"writer process pid {self.pid} killed: {why}")
+
     def _send(self, msg: tuple[Any, ...]) -> None:
         assert self._conn is not None
         self._conn.send(msg)

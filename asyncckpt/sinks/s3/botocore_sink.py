@@ -147,6 +147,7 @@ class AiobotocoreSink(S3SinkBase):
             response_checksum_validation="when_required",
             retries=self._retries(),
             connect_timeout=s.connect_timeout,
+            read_timeout=s.request_timeout,  # each wait for the server's bytes (aiohttp sock_read)
             max_pool_connections=max(16, s.max_in_flight * 2),
             # botocore's validator only admits bytes/bytearray/file bodies; the request path
             # itself takes the pool's memoryview as is, which saves a copy per part
@@ -224,9 +225,7 @@ class AiobotocoreSink(S3SinkBase):
                 return await self._retrying(lambda: self._raw(url, method, **kwargs))
             return await self._control(method, **kwargs)
         except Exception as exc:  # the boundary with botocore: everything leaves as StorageError
-            if isinstance(exc, StorageError):
-                raise
-            raise self._map(exc, action) from None
+            raise self.first_cause(exc if isinstance(exc, StorageError) else self._map(exc, action)) from None
 
     async def _routed(self, action: str, fn: Callable[[str | None], Awaitable[T]], nbytes: int) -> T:
         """``fn(endpoint)`` on the one endpoint, or through the router (failover, statistics)."""
@@ -236,9 +235,7 @@ class AiobotocoreSink(S3SinkBase):
                 return await self._retrying(lambda: fn(url))
             return await self.router.call(fn, nbytes, retry_on=_server_busy)
         except Exception as exc:
-            if isinstance(exc, StorageError):
-                raise
-            raise self._map(exc, action) from None
+            raise self.first_cause(exc if isinstance(exc, StorageError) else self._map(exc, action)) from None
 
     # -- writing -----------------------------------------------------------------------
     async def open(self, size: int) -> None:

@@ -93,6 +93,7 @@ class S3SinkBase(Sink):
         self._object_size: int | None = None  # of the published object, learnt by size()
         self.etag: str | None = None
         self.cleanup_needed: str | None = None  # an upload id an abort could not remove
+        self._first_failure: StorageError | None = None  # of the upload in progress
 
     def _plan_endpoints(self) -> None:
         """Several endpoints: a router for backends that switch per request, else ``rank % N``.
@@ -142,8 +143,20 @@ class S3SinkBase(Sink):
             raise StorageError(errno.EINVAL, "S3 sink needs chunk_size or part_size to lay out parts")
         self._size = size
         self._object_size = None
+        self._first_failure = None
         self._nparts = plan_parts(size, self.part_size, self.options.chunk_size)
         return self._nparts
+
+    def first_cause(self, err: StorageError) -> StorageError:
+        """The upload's first failure wins; a later one is most likely its consequence (the
+        upload already aborted, "request has already completed") and only becomes a note."""
+        first = self._first_failure
+        if first is None or first is err:
+            self._first_failure = err
+            return err
+        again = type(first)(first.errno, first.strerror)  # each raise gets its own error
+        again.add_note(f"(then, most likely as a consequence: {err.strerror})")
+        return again
 
     @property
     def single_put(self) -> bool:

@@ -11,6 +11,7 @@ part measured here), which also delays everything else the loop serves.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Mapping
@@ -40,7 +41,7 @@ _ENV_KEYS: dict[str, tuple[str, ...]] = {
 }
 _OPTION_KEYS = frozenset(
     {*_ENV_KEYS, "path_style", "part_size", "max_in_flight", "payload_signing", "checksums"}
-    | {"max_attempts", "connect_timeout", "dotenv", "endpoints", "lb_strategy"}
+    | {"max_attempts", "connect_timeout", "request_timeout", "dotenv", "endpoints", "lb_strategy"}
 )
 SECRET_FIELDS = ("secret_access_key", "session_token")
 
@@ -101,6 +102,15 @@ def _bool(name: str, value: object) -> bool:
     raise ConfigError(f"backend option {name} must be a boolean, got {value!r}")
 
 
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, str):  # from the CLI or a .env-style source
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(f"backend option {name} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
 def _int(name: str, value: object, minimum: int = 1) -> int:
     if isinstance(value, str):
         value = parse_size(value, name=name)
@@ -126,6 +136,8 @@ class S3Settings:
     checksums: str = "when_required"
     max_attempts: int = 3
     connect_timeout: float = 5.0
+    #: longest one request waits on the server before it fails (and is retried); docs/s3.md
+    request_timeout: float = 10.0
     #: several front ends of one store (multi-endpoint mode when 2 or more); see endpoints.py
     endpoints: tuple[str, ...] = ()
     lb_strategy: str = "round_robin"
@@ -145,6 +157,7 @@ class S3Settings:
             "max_in_flight": self.max_in_flight,
             "payload_signing": self.payload_signing,
             "checksums": self.checksums,
+            "request_timeout": self.request_timeout,
             "endpoints": self.endpoints,
             "lb_strategy": self.lb_strategy,
         }
@@ -170,6 +183,7 @@ class S3Settings:
             "path_style": self.path_style,
             "payload_signing": self.payload_signing,
             "checksums": self.checksums,
+            "request_timeout_s": self.request_timeout,
             "settings_from": dict(self.sources),
         }
 
@@ -236,11 +250,9 @@ class S3Settings:
         values["checksums"] = checksums
         if options.get("max_attempts") is not None:
             values["max_attempts"] = _int("max_attempts", options["max_attempts"])
-        if options.get("connect_timeout") is not None:
-            timeout = options["connect_timeout"]
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-                raise ConfigError(f"backend option connect_timeout must be > 0 seconds, got {timeout!r}")
-            values["connect_timeout"] = float(timeout)
+        for name in ("connect_timeout", "request_timeout"):
+            if options.get(name) is not None:
+                values[name] = _seconds(name, options[name])
         return cls(**values, sources=sources)
 
 

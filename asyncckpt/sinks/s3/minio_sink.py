@@ -43,7 +43,8 @@ class MinioSink(S3SinkBase):
             maxsize=max(10, s.max_in_flight * 2),
             cert_reqs="CERT_REQUIRED" if ep.scheme == "https" else "CERT_NONE",
             ca_certs=s.ca_bundle,
-            timeout=urllib3.Timeout(connect=s.connect_timeout, read=300),
+            # read: each socket wait once connected (sending a part included)
+            timeout=urllib3.Timeout(connect=s.connect_timeout, read=s.request_timeout),
             retries=urllib3.Retry(
                 total=s.max_attempts - 1, backoff_factor=0.2, status_forcelist=(500, 502, 503, 504)
             ),
@@ -80,9 +81,7 @@ class MinioSink(S3SinkBase):
         try:
             return await run_blocking(self.executor, fn, *args)
         except (MinioException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-            if isinstance(exc, StorageError):
-                raise
-            raise self._map(exc, action) from None
+            raise self.first_cause(exc if isinstance(exc, StorageError) else self._map(exc, action)) from None
 
     async def open(self, size: int) -> None:
         self.layout(size)

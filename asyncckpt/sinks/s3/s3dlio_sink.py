@@ -15,6 +15,7 @@ s3dlio call: run this backend in a spawn/forkserver writer process (issue 3 isol
 from __future__ import annotations
 
 import errno
+import math
 import re
 import threading
 import time
@@ -42,9 +43,13 @@ def _configure(sink: S3dlioSink) -> None:
     s = sink.settings
     import os
 
-    fingerprint = (*export_to_environment(s), s.payload_signing)
+    fingerprint = (*export_to_environment(s), s.payload_signing, s.request_timeout, s.connect_timeout)
     with _config_lock:
         if _configured is None:
+            # read once, when s3dlio builds its client; whole seconds. The operation timeout
+            # covers a whole request (a part upload included); a value the user exported wins
+            os.environ.setdefault("S3DLIO_OPERATION_TIMEOUT_SECS", str(math.ceil(s.request_timeout)))
+            os.environ.setdefault("S3DLIO_CONNECT_TIMEOUT_SECS", str(math.ceil(s.connect_timeout)))
             if s.payload_signing:
                 os.environ.pop("S3DLIO_UNSIGNED_PAYLOAD", None)
             else:
@@ -102,12 +107,12 @@ class S3dlioSink(S3SinkBase):
     async def _run(self, action: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return await run_blocking(self.executor, lambda: fn(*args, **kwargs))
-        except StorageError:
-            raise
+        except StorageError as exc:
+            raise self.first_cause(exc) from None
         except Exception as exc:
             if isinstance(exc, (ConfigError, BufferError)):
                 raise
-            raise self._map(exc, action) from None
+            raise self.first_cause(self._map(exc, action)) from None
 
     async def open(self, size: int) -> None:
         self.layout(size)

@@ -30,6 +30,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 
 ABORT_WAIT_S = 10.0  # how long abort() waits for the CRT's background abort to show
+#: Mountpoint's answer to a write or close after the upload failed in the background: it
+#: drops that failure (a part's 503, say) and reports only this (mountpoint-s3-client 0.14)
+LOST_CAUSE_MARKERS = ("AWS_ERROR_S3_REQUEST_HAS_COMPLETED", "previous write operation did not complete")
+LOST_CAUSE_HINT = (
+    " (the upload had already failed in the background; Mountpoint drops that first failure, so "
+    "its cause — e.g. a part refused with 503 by a full or overloaded store — is not known here)"
+)
 
 
 class S3TorchSink(S3SinkBase):
@@ -61,6 +68,8 @@ class S3TorchSink(S3SinkBase):
     def _map(self, exc: BaseException, action: str) -> StorageError:
         text = str(exc)
         low = text.lower()
+        if any(m in text for m in LOST_CAUSE_MARKERS):
+            text += LOST_CAUSE_HINT
         code = text
         if "403" in text or "forbidden" in low or "access denied" in low or "signature" in low:
             code = "AccessDenied"
@@ -74,9 +83,7 @@ class S3TorchSink(S3SinkBase):
         try:
             return await run_blocking(self.executor, fn, *args)
         except (S3Exception, OSError, ValueError) as exc:
-            if isinstance(exc, StorageError):
-                raise
-            raise self._map(exc, action) from None
+            raise self.first_cause(exc if isinstance(exc, StorageError) else self._map(exc, action)) from None
 
     async def open(self, size: int) -> None:
         self.layout(size)

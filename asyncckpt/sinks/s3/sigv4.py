@@ -139,7 +139,7 @@ def request_with_settings(
         session_token=s.session_token,
         region=s.region,
         ca_bundle=s.ca_bundle,
-        timeout=max(s.connect_timeout, 30.0),
+        timeout=max(s.connect_timeout, s.request_timeout),
     )
 
 
