@@ -23,6 +23,7 @@ from .errors import (
     WriterProcessError,
 )
 from .metrics import ChunkRecord, RunMetadata, SaveResult
+from .secrets import Secret
 from .units import GiB, KiB, MiB, parse_size
 
 __version__ = "0.1.0"
@@ -45,6 +46,7 @@ __all__ = [
     "NoSpaceError",
     "RunMetadata",
     "SaveResult",
+    "Secret",
     "StorageError",
     "StoragePermissionError",
     "TargetNotFoundError",
