@@ -24,6 +24,7 @@ from .errors import (
     WriterProcessError,
 )
 from .metrics import ChunkRecord, RunMetadata, SaveResult
+from .secrets import Secret
 from .units import GiB, KiB, MiB, parse_size
 
 __version__ = "0.1.0"
@@ -46,6 +47,7 @@ __all__ = [
     "NoSpaceError",
     "RunMetadata",
     "SaveResult",
+    "Secret",
     "StallError",
     "StorageError",
     "StoragePermissionError",

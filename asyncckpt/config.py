@@ -14,6 +14,7 @@ from .isolation.policy import (
     resolve_policy,
     validate_choice,
 )
+from .secrets import protect_options
 from .units import GiB, MiB
 
 DATA_GEN_ENV = "ASYNCCKPT_DATA_GEN"
@@ -115,6 +116,8 @@ class CheckpointConfig:
             isinstance(k, str) for k in self.backend_options
         ):
             raise ConfigError(f"backend_options must be a dict with str keys, got {self.backend_options!r}")
+        # secrets wrapped (repr shows Secret('**********')), endpoint URLs without user:password@
+        object.__setattr__(self, "backend_options", protect_options(self.backend_options))
         if self.max_in_flight is not None:
             _positive_int("max_in_flight", self.max_in_flight)
             if self.max_in_flight > self.num_buffers:

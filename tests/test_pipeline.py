@@ -97,7 +97,7 @@ async def test_slow_generation_is_labelled_generation(tmp_path: Path) -> None:
     assert result.gen_io_ratio < 1
 
 
-async def test_event_loop_keeps_ticking_during_large_save(tmp_path: Path) -> None:
+async def test_event_loop_keeps_ticking_during_large_save(tmp_path: Path, quiet_heap: None) -> None:
     gaps: list[float] = []
     stop = asyncio.Event()
 

@@ -33,6 +33,7 @@ from ..._blocking import run_blocking
 from ...endpoints import is_failover_error
 from ...errors import MissingDependencyError, StorageError
 from .common import S3SinkBase, log, storage_error
+from .log_guard import guard_botocore_logs
 
 try:
     from aiobotocore.config import AioConfig
@@ -138,6 +139,7 @@ class AiobotocoreSink(S3SinkBase):
 
     def _new_client(self, session: AioSession, url: str | None) -> Any:
         s = self.settings
+        guard_botocore_logs()  # its DEBUG logs would show the session token
         config = AioConfig(
             s3={
                 "addressing_style": "path" if s.path_style else "virtual",
@@ -158,8 +160,8 @@ class AiobotocoreSink(S3SinkBase):
             region_name=s.region,
             endpoint_url=url,
             aws_access_key_id=s.access_key_id,
-            aws_secret_access_key=s.secret_access_key,
-            aws_session_token=s.session_token,
+            aws_secret_access_key=s.revealed("secret_access_key"),
+            aws_session_token=s.revealed("session_token"),
             verify=s.ca_bundle,
             config=config,
         )

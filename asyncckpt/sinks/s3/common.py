@@ -2,7 +2,8 @@
 
 Foreign exceptions (botocore, minio, s3dlio, Mountpoint) are mapped here to the asyncckpt
 hierarchy by their S3 error code or, for libraries that only give text, by the code in the
-message; every message passes through :meth:`S3Settings.scrub` so no secret can leak.
+message. Messages are built from what the sink knows (bucket, key, backend, endpoint) and the
+library's error code and text; settings hold secrets as ``Secret``, so none can be part of one.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ UNAVAILABLE_HINT = (
 
 def storage_error(code: str, message: str, what: str, settings: S3Settings) -> StorageError:
     """The asyncckpt error for an S3 error ``code`` (or free text containing one)."""
-    text = settings.scrub(f"{what}: {message}")
+    text = f"{what}: {message}"
     if any(m in code or m in message for m in UNAVAILABLE_MARKERS):
         return StorageError(errno.EIO, text + UNAVAILABLE_HINT)
     if _NOT_FOUND.search(code):
@@ -234,7 +235,10 @@ class InOrder:
             self._cond.notify_all()
 
 
-def export_to_environment(settings: S3Settings) -> tuple[str | None, ...]:
+_SECRET_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def export_to_environment(settings: S3Settings) -> tuple[object, ...]:
     """Publish resolved settings as AWS_* variables for libraries that only read the environment.
 
     s3dlio and Mountpoint's CRT take credentials and endpoint process-wide from the
@@ -247,8 +251,8 @@ def export_to_environment(settings: S3Settings) -> tuple[str | None, ...]:
     values = {
         "AWS_ENDPOINT_URL": settings.endpoint_url,
         "AWS_ACCESS_KEY_ID": settings.access_key_id,
-        "AWS_SECRET_ACCESS_KEY": settings.secret_access_key,
-        "AWS_SESSION_TOKEN": settings.session_token,
+        "AWS_SECRET_ACCESS_KEY": settings.revealed("secret_access_key"),
+        "AWS_SESSION_TOKEN": settings.revealed("session_token"),
         "AWS_REGION": settings.region,
         "AWS_DEFAULT_REGION": settings.region,
         "AWS_CA_BUNDLE": settings.ca_bundle,
@@ -258,4 +262,9 @@ def export_to_environment(settings: S3Settings) -> tuple[str | None, ...]:
             os.environ[name] = value
     if settings.access_key_id is not None and settings.session_token is None:
         os.environ.pop("AWS_SESSION_TOKEN", None)  # a stale token would not match the new key
-    return tuple(values.values())
+    # the fingerprint keeps secrets wrapped (Secret compares by value, prints masked)
+    return (
+        *(v for k, v in values.items() if k not in _SECRET_VARS),
+        settings.secret_access_key,
+        settings.session_token,
+    )

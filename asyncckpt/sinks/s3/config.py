@@ -1,5 +1,9 @@
 """S3 settings resolved the way AWS users expect, validated before any I/O, never leaking secrets.
 
+Secrets are held as :class:`~asyncckpt.secrets.Secret` (wrapped where they enter: options,
+environment, ``.env``) and revealed only in the call that hands them to a client library;
+endpoint URLs with ``user:password@`` are refused.
+
 Precedence: explicit ``backend_options`` > process environment > a ``.env`` file (read, never
 exported into ``os.environ``). Defaults favour honest client throughput on trusted links:
 unsigned payloads and checksums only where the service requires them (measured against a
@@ -21,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ...errors import ConfigError
+from ...secrets import Secret, as_secret, check_no_userinfo
 from ...units import GiB, MiB, parse_size
 
 MIN_PART = 5 * MiB
@@ -43,7 +48,7 @@ _OPTION_KEYS = frozenset(
     {*_ENV_KEYS, "path_style", "part_size", "max_in_flight", "payload_signing", "checksums"}
     | {"max_attempts", "connect_timeout", "request_timeout", "dotenv", "endpoints", "lb_strategy"}
 )
-SECRET_FIELDS = ("secret_access_key", "session_token")
+SECRET_FIELDS = ("secret_access_key", "session_token")  # held as Secret
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -126,8 +131,8 @@ class S3Settings:
     endpoint_url: str | None = None
     region: str = DEFAULT_REGION
     access_key_id: str | None = field(default=None, repr=False)
-    secret_access_key: str | None = field(default=None, repr=False)
-    session_token: str | None = field(default=None, repr=False)
+    secret_access_key: Secret | None = field(default=None, repr=False)
+    session_token: Secret | None = field(default=None, repr=False)
     ca_bundle: str | None = None
     path_style: bool = True
     part_size: int | None = None  # None: the pipeline's chunk size (one chunk = one part)
@@ -149,8 +154,8 @@ class S3Settings:
             "endpoint_url": self.endpoint_url,
             "region": self.region,
             "access_key_id": "set" if self.access_key_id else "unset",
-            "secret_access_key": "<redacted>" if self.secret_access_key else "unset",
-            "session_token": "<redacted>" if self.session_token else "unset",
+            "secret_access_key": self.secret_access_key or "unset",
+            "session_token": self.session_token or "unset",
             "ca_bundle": self.ca_bundle,
             "path_style": self.path_style,
             "part_size": self.part_size,
@@ -165,15 +170,10 @@ class S3Settings:
 
     __str__ = __repr__
 
-    @property
-    def secrets(self) -> tuple[str, ...]:
-        """Values that must never be printed (for scrubbing foreign error messages)."""
-        return tuple(v for v in (self.secret_access_key, self.session_token) if v)
-
-    def scrub(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "<redacted>")
-        return text
+    def revealed(self, name: str) -> str | None:
+        """A secret field's value, for the one call that gives it to a client library."""
+        value: Secret | None = getattr(self, name)
+        return None if value is None else value.reveal()
 
     def describe(self) -> dict[str, Any]:
         """Non-secret facts for the run metadata."""
@@ -214,13 +214,18 @@ class S3Settings:
         sources: dict[str, str] = {}
         for key, names in _ENV_KEYS.items():
             if options.get(key) is not None:
-                values[key], sources[key] = str(options[key]), "backend_options"
+                value = options[key]
+                values[key] = as_secret(key, value) if key in SECRET_FIELDS else str(value)
+                sources[key] = "backend_options"
                 continue
             for origin, mapping in (("environment", env), (".env", dotenv)):
                 hit = next((n for n in names if mapping.get(n)), None)
                 if hit is not None:
-                    values[key], sources[key] = mapping[hit], f"{origin} {hit}"
+                    values[key] = Secret(mapping[hit]) if key in SECRET_FIELDS else mapping[hit]
+                    sources[key] = f"{origin} {hit}"
                     break
+        if values.get("endpoint_url") is not None:  # before any message can name it
+            check_no_userinfo(values["endpoint_url"], f"S3 endpoint (from {sources['endpoint_url']})")
         _resolve_endpoints(options, env, values, sources)
         endpoint = values.get("endpoint_url")
         if endpoint is not None:
@@ -278,6 +283,8 @@ def _resolve_endpoints(
         }
         urls, origin = endpoints_from_env(None, multi_env)
         origin = f"environment {origin}"
+    for url in urls:
+        check_no_userinfo(url, f"S3 endpoint (from {origin})")
     if len(urls) > 1:
         values["endpoints"] = tuple(urls)
         values["endpoint_url"], sources["endpoint_url"] = urls[0], origin

@@ -53,8 +53,8 @@ class MinioSink(S3SinkBase):
         self._client = Minio(
             ep.netloc,
             access_key=s.access_key_id,
-            secret_key=s.secret_access_key,
-            session_token=s.session_token,
+            secret_key=s.revealed("secret_access_key"),
+            session_token=s.revealed("session_token"),
             secure=ep.scheme == "https",
             region=s.region,
             http_client=http,
