@@ -23,6 +23,10 @@ class UnsupportedSchemeError(ConfigError):
     """The URI names a scheme no backend handles."""
 
 
+class TargetExistsError(ConfigError, FileExistsError):
+    """The bench was pointed at an existing object that is not an asyncckpt checkpoint."""
+
+
 class MissingDependencyError(AsyncCkptError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 

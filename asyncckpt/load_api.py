@@ -12,11 +12,11 @@ import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from ._blocking import run_blocking
 from .config import ALIGN, CheckpointConfig
-from .errors import ConfigError
+from .errors import ConfigError, IntegrityError, TargetNotFoundError
 from .isolation import SharedBufferPool
 from .isolation.process_sink import ProcessSink
 from .loader import LoadState, check_size, identity_note, label_loads, stream_views, verify_mode
@@ -32,6 +32,8 @@ from .verify import Verifier, make_verifier
 from .watchdog import unwrap
 
 ProgressFn = Callable[[int], None]
+#: what :meth:`LoadsMixin.probe` finds at a URI
+Found = Literal["absent", "checkpoint", "foreign"]
 
 
 class LoadStream:
@@ -97,6 +99,33 @@ class LoadsMixin:
 
     async def _ensure_pool(self, shared: bool = False) -> BufferPool:
         raise NotImplementedError
+
+    async def probe(self, uri: str | os.PathLike[str]) -> Found:
+        """What is at ``uri``: nothing, an asyncckpt checkpoint (sealed, or with the sidecar
+        manifest of an older save), or something else. Reads only the object's tail; a tool
+        that writes where users keep data asks this before it overwrites anything."""
+        sink = self._sink(os.fspath(uri))
+        sink.check()
+        try:
+            try:
+                size = await sink.size()
+            except TargetNotFoundError:
+                return "absent"
+            try:
+                if await read_sealed(sink, size, sink.uri) is not None:
+                    return "checkpoint"
+            except IntegrityError:
+                return "checkpoint"  # our footer, damaged: still ours to replace
+            sidecar = self._sink(manifest_uri(sink.uri))
+            try:
+                await sidecar.size()
+                return "checkpoint"
+            except TargetNotFoundError:
+                return "foreign"
+            finally:
+                await sidecar.aclose()
+        finally:
+            await sink.aclose()
 
     async def load(
         self,

@@ -87,7 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="checkpoints to write (1)",
     )
-    p.add_argument("--keep", action="store_true", help="keep the written checkpoint")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the checkpoints this run wrote (default: remove them)"
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a target that exists and is not an asyncckpt checkpoint (refused otherwise)",
+    )
     add_load_arguments(p)
     p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto")
     p.add_argument("--isolation", choices=("auto", "process", "none"), default="auto", help="writer process")
@@ -175,6 +182,7 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         methods=methods,
         repeat=args.repeat,
         keep=args.keep,
+        overwrite=args.overwrite,
         progress=not args.quiet,
         verbose=not args.quiet,
         **load,

@@ -37,8 +37,9 @@ from ..report import RULE, format_table, gbps
 from ..sinks import path_from_uri, scheme_of
 from .dlio_layout import DLIO_GB, CheckpointPlan, PlannedObject, RankPlan, scaled, step_directory
 from .dlio_plan import format_plan, make_plan, plan_ranks, subset_note
+from .guard import Writes
 from .mlperf_results import host_facts, write_results_dir
-from .mpi_runner import RankFailure, settle
+from .mpi_runner import RankFailure, outcome_of, settle
 from .runner import BenchPlan
 from .scaleout import ScaleoutInfo
 
@@ -77,7 +78,7 @@ def _setup(base: str | None, steps: int, mode: str) -> dict[str, Any]:
 
 
 async def _phase(
-    ck: AsyncCheckpointer,
+    writes: Writes,
     comm: Comm,
     bench: BenchPlan,
     mine: RankPlan,
@@ -87,6 +88,7 @@ async def _phase(
     pause_s: float,
 ) -> list[dict[str, Any]]:
     """``count`` checkpoints of this rank's objects; rank 0 returns the aggregated ones."""
+    ck = writes.ckpt
     out: list[dict[str, Any]] = []
     for i in range(1, count + 1):
         if pause_s > 0:
@@ -100,7 +102,7 @@ async def _phase(
             for obj in mine.objects:
                 uri = object_uri(base, i, obj)
                 if phase == "save":
-                    r = await ck.save(uri, obj.size)
+                    r = await writes.save(uri, obj.size)
                 else:
                     opts = {
                         k: getattr(bench, k)
@@ -153,25 +155,34 @@ def _kind_max(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+async def _check_all(writes: Writes, uris: list[str]) -> None:
+    for uri in uris:
+        await writes.check(uri)
+
+
 async def _rank_main(
     bench: BenchPlan, comm: Comm, mine: RankPlan, base: str, pause_s: float
 ) -> dict[str, list[dict[str, Any]]]:
     phases: dict[str, list[dict[str, Any]]] = {}
     async with AsyncCheckpointer(bench.config) as ck:
+        writes = Writes(ck, overwrite=bench.overwrite)
         try:
             if bench.mode in ("save", "both"):
-                phases["save"] = await _phase(ck, comm, bench, mine, base, "save", bench.repeat, pause_s)
+                # every rank's objects checked before any rank writes
+                uris = [
+                    object_uri(base, step, obj) for step in range(1, bench.repeat + 1) for obj in mine.objects
+                ]
+                await settle(comm, await outcome_of(_check_all(writes, uris)), now(), "checking the targets")
+                phases["save"] = await _phase(writes, comm, bench, mine, base, "save", bench.repeat, pause_s)
             if bench.mode in ("load", "both"):
                 if bench.drop_caches:  # every node: one rank per node suffices, all is simpler
                     from .load_args import drop_caches
 
                     await asyncio.to_thread(drop_caches)
-                phases["load"] = await _phase(ck, comm, bench, mine, base, "load", bench.reads, pause_s)
+                phases["load"] = await _phase(writes, comm, bench, mine, base, "load", bench.reads, pause_s)
         finally:
-            if not bench.keep and bench.mode != "load":
-                for step in range(1, bench.repeat + 1):
-                    for obj in mine.objects:
-                        await ck.delete(object_uri(base, step, obj))
+            if not bench.keep:  # only what this run's saves published
+                await writes.remove_created()
     return phases
 
 

@@ -33,6 +33,7 @@ from ..monitor import now
 from ..report import Progress, format_distributed
 from ..schema import SCHEMA_VERSION
 from ..sinks import path_from_uri, scheme_of
+from .guard import Writes
 from .runner import BenchPlan
 from .scaleout import ScaleoutInfo
 
@@ -52,12 +53,12 @@ def plan_mode(plan: BenchPlan) -> str:
     return str(getattr(plan, "mode", "save"))
 
 
-def phases_for(plan: BenchPlan) -> list[Phase]:
+def phases_for(plan: BenchPlan, writes: Writes) -> list[Phase]:
     """Saves per method (``repeat`` each), then loads (``reads``) when the plan asks for them."""
 
     def saver(method: str) -> Callable[[AsyncCheckpointer, str, int, Progress | None], Awaitable[SaveResult]]:
         async def run(ck: AsyncCheckpointer, uri: str, size: int, progress: Progress | None) -> SaveResult:
-            return await ck.save(uri, size, method=method, progress=progress)
+            return await writes.save(uri, size, method=method, progress=progress)
 
         return run
 
@@ -75,6 +76,14 @@ def phases_for(plan: BenchPlan) -> list[Phase]:
 
 class RankFailure(AsyncCkptError):
     """One or more ranks failed a phase; the message names them and their errors."""
+
+
+async def outcome_of(step: Awaitable[Any]) -> dict[str, Any]:
+    """``{"ok": True, "result": …}`` or ``{"ok": False, "error": …}`` for :func:`settle`."""
+    try:
+        return {"ok": True, "result": await step}
+    except Exception as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
 async def settle(comm: Comm, outcome: dict[str, Any], t0: float, what: str) -> tuple[list[Any] | None, float]:
@@ -137,22 +146,20 @@ async def _rank_main(plan: BenchPlan, comm: Comm, uri: str) -> list[dict[str, An
     """This rank's part of every phase; rank 0 returns the aggregated phases."""
     out: list[dict[str, Any]] = []
     async with AsyncCheckpointer(plan.config) as ck:
+        writes = Writes(ck, overwrite=plan.overwrite)
         try:
-            for phase in phases_for(plan):
+            if plan_mode(plan) != "load":  # every rank's object checked before any rank writes
+                await settle(comm, await outcome_of(writes.check(uri)), now(), "checking the targets")
+            for phase in phases_for(plan, writes):
                 checkpoints = []
                 for i in range(phase.count):
                     show = plan.progress and comm.is_root
                     progress = Progress(plan.size, f"{phase.method} {i + 1}/{phase.count}") if show else None
                     await comm.abarrier()
                     t0 = now()
-                    outcome: dict[str, Any]
-                    try:
-                        outcome = {
-                            "ok": True,
-                            "result": (await phase.run(ck, uri, plan.size, progress)).to_dict(),
-                        }
-                    except Exception as exc:
-                        outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                    outcome = await outcome_of(phase.run(ck, uri, plan.size, progress))
+                    if outcome["ok"]:
+                        outcome["result"] = outcome["result"].to_dict()
                     gathered, wall = await settle(comm, outcome, t0, f"{phase.name} {i + 1}/{phase.count}")
                     if gathered is not None:
                         checkpoints.append(aggregate_checkpoint([o["result"] for o in gathered], wall))
@@ -166,8 +173,8 @@ async def _rank_main(plan: BenchPlan, comm: Comm, uri: str) -> list[dict[str, An
                         }
                     )
         finally:
-            if not plan.keep and plan_mode(plan) != "load":  # a load-only run reads what it finds
-                await ck.delete(uri)
+            if not plan.keep:  # only what this run's saves published
+                await writes.remove_created()
     return out
 
 

@@ -13,6 +13,7 @@ from ..config import CheckpointConfig
 from ..metrics import SaveResult
 from ..report import Progress, format_comparison, format_phases, format_summary
 from ..schema import SCHEMA_VERSION
+from .guard import Writes
 from .load_args import drop_caches
 
 
@@ -24,6 +25,7 @@ class BenchPlan:
     methods: tuple[str, ...] = ("streaming",)
     repeat: int = 1
     keep: bool = False
+    overwrite: bool = False  # replace a target that is not an asyncckpt checkpoint
     progress: bool = True
     verbose: bool = True
     # load phase (--mode): "save" (writes only), "load" (reads an existing target), "both"
@@ -85,21 +87,25 @@ def _stats(rs: list[SaveResult]) -> dict[str, float]:
 
 async def run_plan(plan: BenchPlan) -> BenchReport:
     """Save ``repeat`` checkpoints per method, then (per ``mode``) load ``reads`` times;
-    remove what was saved afterwards unless ``keep`` (a load-only run never deletes)."""
+    remove what its saves published unless ``keep`` (a load-only run publishes nothing)."""
     assert plan.target is not None
     results: list[SaveResult] = []
     async with AsyncCheckpointer(plan.config) as ckpt:
-        if plan.mode in ("save", "both"):
-            for method in plan.methods:
-                for i in range(plan.repeat):
-                    progress = (
-                        Progress(plan.size, f"{method} {i + 1}/{plan.repeat}") if plan.progress else None
-                    )
-                    results.append(await ckpt.save(plan.target, plan.size, method=method, progress=progress))
-        if plan.mode in ("load", "both"):
-            results.extend(await run_loads(ckpt, plan))
-        if not plan.keep and plan.mode != "load":
-            await ckpt.delete(plan.target)
+        writes = Writes(ckpt, overwrite=plan.overwrite)
+        try:
+            if plan.mode in ("save", "both"):
+                for method in plan.methods:
+                    for i in range(plan.repeat):
+                        label = f"{method} {i + 1}/{plan.repeat}"
+                        progress = Progress(plan.size, label) if plan.progress else None
+                        results.append(
+                            await writes.save(plan.target, plan.size, method=method, progress=progress)
+                        )
+            if plan.mode in ("load", "both"):
+                results.extend(await run_loads(ckpt, plan))
+        finally:
+            if not plan.keep:
+                await writes.remove_created()
     blocks = [str(r) for r in results] if plan.verbose else []
     blocks.append(format_comparison(results))
     summary = BenchReport(plan, results, "").summary()

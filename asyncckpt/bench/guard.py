@@ -1,0 +1,49 @@
+"""The bench writes only where it may, and removes only what it wrote.
+
+A target that exists and is not an asyncckpt checkpoint (someone's ``model.pt``) is refused
+before the first byte unless ``--overwrite``; checkpoints, sealed or from an older save, are
+the bench's own kind and may be replaced. Each object is checked the first time a run writes
+it (directory layouts: per rank, per object), and at the end the run removes exactly the
+objects its saves published, never one it only planned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..checkpointer import AsyncCheckpointer
+from ..errors import TargetExistsError
+from ..metrics import SaveResult
+
+
+class Writes:
+    """Saves through ``ckpt``, refusing foreign objects and remembering what it published."""
+
+    def __init__(self, ckpt: AsyncCheckpointer, *, overwrite: bool) -> None:
+        self.ckpt = ckpt
+        self.overwrite = overwrite
+        self._checked: set[str] = set()
+        self.created: list[str] = []
+
+    async def check(self, uri: str) -> None:
+        """Refuse ``uri`` if it holds something that is not an asyncckpt checkpoint."""
+        if uri in self._checked:
+            return
+        if not self.overwrite and await self.ckpt.probe(uri) == "foreign":
+            raise TargetExistsError(
+                f"{uri!r} exists and is not an asyncckpt checkpoint: refusing to overwrite (and later "
+                "delete) it; choose another target, or pass --overwrite to replace it"
+            )
+        self._checked.add(uri)
+
+    async def save(self, uri: str, size: int, **options: Any) -> SaveResult:
+        await self.check(uri)
+        result = await self.ckpt.save(uri, size, **options)
+        if uri not in self.created:
+            self.created.append(uri)
+        return result
+
+    async def remove_created(self) -> None:
+        """Delete what this run's saves published (``--keep`` skips this)."""
+        while self.created:
+            await self.ckpt.delete(self.created.pop())
