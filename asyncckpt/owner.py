@@ -47,17 +47,22 @@ class Owner:
     boot: str
     pid: int
 
-    def provably_dead(self) -> bool:
-        """True only for a save of this host and boot whose process is gone."""
+    def state(self) -> str:
+        """``dead`` (this host and boot, process gone), ``alive`` (this host and boot, process
+        there) or ``unknown`` (another host or boot: nothing here can tell)."""
         if self.host != host() or self.boot != boot_id():
-            return False
+            return "unknown"
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
-            return True
+            return "dead"
         except PermissionError:
-            return False  # alive, someone else's
-        return False
+            return "alive"  # someone else's process
+        return "alive"
+
+    def provably_dead(self) -> bool:
+        """True only for a save of this host and boot whose process is gone."""
+        return self.state() == "dead"
 
 
 def temp_name(name: str) -> str:

@@ -54,3 +54,20 @@ def parse_size(value: str | int, *, name: str = "size") -> int:
             raise ConfigError(f"{name}: {value!r} is not a whole number of bytes")
         return numerator // denominator
     return int(number) * scale
+
+
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: str, *, name: str = "duration") -> float:
+    """``"90s"``, ``"30m"``, ``"1h"``, ``"2d"`` or plain seconds → seconds (>= 0)."""
+    text = value.strip().lower()
+    unit = _DURATION_UNITS.get(text[-1:])
+    number = text[:-1] if unit is not None else text
+    try:
+        seconds = float(number) * (unit or 1.0)
+    except ValueError:
+        raise ConfigError(f"{name} must be a duration like 90s, 30m, 1h or 2d, got {value!r}") from None
+    if not 0 <= seconds < float("inf"):
+        raise ConfigError(f"{name} must be a duration >= 0, got {value!r}")
+    return seconds

@@ -10,6 +10,7 @@ from typing import Any
 from ..compare import ALPHA, compare_docs
 from ..errors import ConfigError, MissingDependencyError, TargetNotFoundError
 from ..report import format_table
+from .cleanup import cleanup_main
 from .grammar import Command, Override, not_yet
 from .outputs import add_output_arguments, check_outputs, render_text, write_outputs
 from .parsing import Parser
@@ -102,7 +103,7 @@ def _check_no_overrides(name: str, overrides: Sequence[Override]) -> None:
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "report": report_main,
     "compare": compare_main,
-    "cleanup": not_yet("cleanup"),
+    "cleanup": cleanup_main,
     "plan": not_yet("plan"),
 }
 

@@ -346,6 +346,29 @@ class AiobotocoreSink(S3SinkBase):
         self._object_size = None
         await self._call("delete", "delete_object")
 
+    # -- leftovers (asyncckpt.leftovers) -----------------------------------------------------
+    async def pending_uploads(self) -> list[dict[str, Any]]:
+        """Multipart uploads whose key starts with this sink's key (taken as a prefix)."""
+        client = await self._s3(self.settings.endpoint_url)
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.key}
+        found: list[dict[str, Any]] = []
+        try:
+            while True:
+                page = await client.list_multipart_uploads(**args)
+                found.extend(page.get("Uploads", []))
+                if not page.get("IsTruncated"):
+                    return found
+                args.update(KeyMarker=page["NextKeyMarker"], UploadIdMarker=page["NextUploadIdMarker"])
+        except Exception as exc:
+            raise self._map(exc, "list multipart uploads under") from None
+
+    async def abort_upload(self, key: str, upload_id: str) -> None:
+        client = await self._s3(self.settings.endpoint_url)
+        try:
+            await client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except Exception as exc:
+            raise self._map(exc, f"abort upload {upload_id} of s3://{self.bucket}/{key} at") from None
+
     async def aclose(self) -> None:
         await self.abort()
         await self._stack.aclose()

@@ -1,0 +1,46 @@
+"""``python -m asyncckpt.bench cleanup TARGET [--older-than 1h] [--dry-run]``."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..leftovers import find, remove
+from ..report import format_table
+from ..units import parse_duration
+from .parsing import Parser
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def cleanup_main(argv: list[str]) -> int:
+    p = Parser(
+        prog="python -m asyncckpt.bench cleanup",
+        description="List and remove what dead saves left: temporary files in a directory, pending "
+        "multipart uploads under an s3:// prefix (credentials and endpoint from AWS_* variables). "
+        "Without --older-than only temporaries of dead processes on this host are removed.",
+    )
+    p.add_argument("target", help="a directory, a checkpoint path, or s3://bucket/prefix")
+    p.add_argument("--older-than", default=None, help="also remove leftovers of unknown owner this old (1h)")
+    p.add_argument("--dry-run", action="store_true", help="list only")
+    args = p.parse_args(argv)
+    older = None if args.older_than is None else parse_duration(args.older_than, name="--older-than")
+    return asyncio.run(_run(args.target, older, args.dry_run))
+
+
+async def _run(target: str, older_than: float | None, dry_run: bool) -> int:
+    found = await find(target, older_than)
+    removed = [] if dry_run else await remove(found, target)
+    gone = {x.where for x in removed}
+    rows = [
+        (x.kind, x.where, _age(x.age_s), x.owner, ("removed" if x.where in gone else "kept") + f": {x.why}")
+        for x in found
+    ]
+    if rows:
+        print(format_table(["what", "where", "age", "owner", "action"], rows))
+    print(f"{len(found)} leftover(s), {len(removed)} removed{' (dry run)' if dry_run else ''}")
+    return 0

@@ -1,0 +1,92 @@
+"""``python -m asyncckpt.bench cleanup``: leftovers of dead saves are listed and removed, and
+nothing else: a temporary of a live process never, one of unknown owner only when old enough
+and asked (``--older-than``), a file that is no temporary of asyncckpt's never."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.owner import boot_id, host
+
+from .conftest import run_bench
+from .s3_harness import new_bucket
+
+HOUR = 3600
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped) on this host."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def temp(directory: Path, pid: int, who: str | None = None, age_s: float = 0) -> Path:
+    path = directory / f".ck.bin.ackpt~{who or host()}~{boot_id()}~{pid}~0badcafe.partial"
+    path.write_bytes(b"x" * 4096)
+    if age_s:
+        then = time.time() - age_s
+        os.utime(path, (then, then))
+    return path
+
+
+def names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_only_provably_dead_saves_are_collected_unless_an_age_is_given(tmp_path: Path) -> None:
+    dead = temp(tmp_path, dead_pid())
+    alive = temp(tmp_path, os.getpid(), age_s=2 * HOUR)  # old, but its process runs: never
+    other_host = temp(tmp_path, 1, who="another-host", age_s=2 * HOUR)
+    fresh_other = temp(tmp_path, 2, who="yet-another", age_s=60)
+    legacy = tmp_path / ".ck.bin.0123456789ab.partial"
+    legacy.write_bytes(b"old")
+    os.utime(legacy, (time.time() - 2 * HOUR,) * 2)
+    mine = tmp_path / ".hidden-user-file.partial"
+    mine.write_bytes(b"keep me")
+
+    dry = run_bench("cleanup", str(tmp_path), "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "5 leftover(s), 0 removed (dry run)" in dry.stdout, dry.stdout
+    assert len(names(tmp_path)) == 6
+
+    run = run_bench("cleanup", str(tmp_path), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert not dead.exists() and "1 removed" in run.stdout, run.stdout
+    assert all(p.exists() for p in (alive, other_host, fresh_other, legacy, mine))
+
+    old = run_bench("cleanup", str(tmp_path), "--older-than", "1h", cwd=tmp_path)
+    assert old.returncode == 0, old.stderr
+    assert not other_host.exists() and not legacy.exists()
+    assert alive.exists() and fresh_other.exists() and mine.read_bytes() == b"keep me"
+    assert "its process is running" in old.stdout
+
+
+def test_a_bad_age_is_refused_before_anything(tmp_path: Path) -> None:
+    dead = temp(tmp_path, dead_pid())
+    run = run_bench("cleanup", str(tmp_path), "--older-than", "soon", cwd=tmp_path)
+    assert run.returncode == 2 and "--older-than must be a duration" in run.stderr
+    assert dead.exists()
+
+
+def test_pending_s3_uploads_under_a_prefix(moto_endpoint: S3Endpoint, tmp_path: Path) -> None:
+    bucket = new_bucket(moto_endpoint)
+    s3 = moto_endpoint.client()
+    ours = s3.create_multipart_upload(Bucket=bucket, Key="run1/rank0.bin")["UploadId"]
+    s3.create_multipart_upload(Bucket=bucket, Key="other/rank0.bin")
+    env = moto_endpoint.env()
+
+    kept = run_bench("cleanup", f"s3://{bucket}/run1/", cwd=tmp_path, env=env)
+    assert kept.returncode == 0, kept.stderr
+    assert "owner unknown: give --older-than" in kept.stdout and "0 removed" in kept.stdout
+
+    gone = run_bench("cleanup", f"s3://{bucket}/run1/", "--older-than", "0s", cwd=tmp_path, env=env)
+    assert gone.returncode == 0, gone.stderr
+    left = {(u["Key"], u["UploadId"]) for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])}
+    assert ("run1/rank0.bin", ours) not in left
+    assert [k for k, _ in left] == ["other/rank0.bin"]  # outside the prefix: untouched
