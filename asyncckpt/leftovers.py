@@ -82,7 +82,8 @@ async def s3_leftovers(uri: str, older_than: float | None, options: dict[str, An
     found = []
     for u in uploads:
         started = u.get("Initiated")
-        age = now - started.timestamp() if isinstance(started, datetime) else 0.0
+        # the server's clock (and its whole-second stamps) may run ahead of ours: never < 0
+        age = max(0.0, now - started.timestamp()) if isinstance(started, datetime) else 0.0
         removable, why = _judge("unknown", age, older_than)
         where = f"s3://{sink.bucket}/{u['Key']}"
         found.append(

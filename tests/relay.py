@@ -3,7 +3,8 @@
 ``FaultyFront`` relays HTTP to moto and spoils chosen requests: ``cut`` forwards the head and
 half the body of a request, then closes both connections (a reset mid-part); ``busy`` reads
 the request whole and answers ``503 SlowDown`` itself; ``deny`` answers ``403 AccessDenied``.
-``short`` relays the request but cuts its response after 1 MiB; ``pass`` spoils nothing.
+``short`` relays the request but cuts its response after 1 MiB; ``hold`` never forwards it
+(the client waits: a crash test kills it then, through ``on_spoil``); ``pass`` spoils nothing.
 Every matching request's body relay is counted, so ``peak`` is the most matching requests the
 server was receiving at once (how many parts a client really keeps in flight).
 """
@@ -46,10 +47,18 @@ ANSWERS = {
 class FaultyFront:
     """An HTTP/1.1 relay on 127.0.0.1 in front of moto that spoils matching requests."""
 
-    def __init__(self, target: str, mode: str, match: Callable[[str], bool], times: int = 1) -> None:
+    def __init__(
+        self,
+        target: str,
+        mode: str,
+        match: Callable[[str], bool],
+        times: int = 1,
+        on_spoil: Callable[[], None] | None = None,
+    ) -> None:
         host, port = target.removeprefix("http://").split(":")
         self.target = (host, int(port))
         self.mode, self.match, self.left = mode, match, times
+        self.on_spoil = on_spoil  # called as a request is spoiled, before anything is sent
         self.spoiled: list[str] = []  # request lines that were spoiled
         self.matched: list[str] = []  # every matching request line seen
         self.active = 0  # matching requests whose body is being relayed now
@@ -96,6 +105,8 @@ class FaultyFront:
                     if self.left > 0:
                         self.left -= 1
                         self.spoiled.append(line)
+                        if self.on_spoil is not None:
+                            self.on_spoil()
                         if self.mode == "short":  # relayed, but its response stops after 1 MiB
                             sent[1] = sent[0] + (1 << 20)
                         else:
@@ -134,6 +145,8 @@ class FaultyFront:
         writer: asyncio.StreamWriter,
         up_w: asyncio.StreamWriter,
     ) -> None:
+        if self.mode == "hold":  # the server never sees it
+            return
         if self.mode == "cut":  # moto sees half a request; the client a reset mid-body
             up_w.write(head)
             await self._relay(reader, up_w, length // 2)
