@@ -133,3 +133,33 @@ async def test_sigkill_at_random_instants_leaves_old_or_new(s3_endpoint: S3Endpo
         proc.kill()
         await asyncio.to_thread(proc.communicate, timeout=60)
         assert await version(s3_endpoint, uri) in {"A", "B"}
+
+
+async def test_cancellation_at_every_point_says_what_was_published(s3_endpoint: S3Endpoint) -> None:
+    """Cancel an S3 save after k loop iterations, for k spread over the whole save: a save
+    that raised says whether it published, and what loads agrees."""
+    bucket = await asyncio.to_thread(new_bucket, s3_endpoint)
+    uri = f"s3://{bucket}/ck.bin"
+    async with ckpt(s3_endpoint, SEED_B) as c:
+        await c.save(uri, SIZE_A)  # warm the client and pool
+        task = asyncio.create_task(c.save(uri, SIZE_B))
+        total = 0
+        while not task.done():
+            await asyncio.sleep(0)
+            total += 1
+        await task
+        outcomes = set()
+        for k in range(1, total + 2, max(1, total // 12)):
+            await save_a(s3_endpoint, uri)
+            task = asyncio.create_task(c.save(uri, SIZE_B))
+            for _ in range(k):
+                await asyncio.sleep(0)
+            task.cancel()
+            try:
+                await task
+                published = True
+            except asyncio.CancelledError as exc:
+                published = bool(exc.asyncckpt_published)  # type: ignore[attr-defined]
+            assert await version(s3_endpoint, uri) == ("B" if published else "A"), k
+            outcomes.add(published)
+    assert outcomes == {True, False}  # both sides of the commit were hit
