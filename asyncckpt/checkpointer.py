@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
@@ -24,13 +25,15 @@ from .sinks import SinkOptions, make_sink, resolve_backend
 from .sinks.base import Sink
 from .sources import CallerData, make_source
 from .sources.base import Source
+from .state.api import StateMixin
+from .state.chunks import check_pipeline
 from .topology import thread_budget
 
 log = logging.getLogger("asyncckpt")
 METHODS = ("streaming", "preallocate")
 
 
-class AsyncCheckpointer(LoadsMixin):
+class AsyncCheckpointer(StateMixin, LoadsMixin):
     """Streams checkpoints to storage (and back: ``load``/``iter_load``) without blocking the loop.
 
     >>> async with AsyncCheckpointer(chunk_size=32 * 2**20, num_buffers=8) as ckpt:
@@ -61,6 +64,7 @@ class AsyncCheckpointer(LoadsMixin):
 
     async def aclose(self) -> None:
         """Release the pool and the executor; idempotent."""
+        await self._close_state()  # a background staged save finishes first
         self._closed = True
         if self._executor is not None:
             executor, self._executor = self._executor, None
@@ -139,12 +143,15 @@ class AsyncCheckpointer(LoadsMixin):
         data: CallerData | None = None,
         method: str = "streaming",
         progress: ProgressFn | None = None,
+        expect_crc32c: Sequence[int] | None = None,
     ) -> SaveResult:
         """Write a checkpoint of ``size`` bytes to ``uri`` and return what it measured.
 
         Without ``data`` the bytes are synthetic (seeded, reproducible). With ``data`` (bytes-like
         or a sync/async iterable of buffers) real state is streamed; ``size`` defaults to
         ``len(data)`` for bytes-like data. Nothing is visible at ``uri`` unless this returns.
+        ``expect_crc32c``: per-chunk CRCs the caller computed beforehand (``save_state``); if the
+        pipeline's differ, the data changed while being saved and nothing is published.
         """
         if method not in METHODS:
             raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
@@ -174,13 +181,19 @@ class AsyncCheckpointer(LoadsMixin):
                 b.local_ranks_source,
             )
             try:
-                return await self._save(sink, source, size, method, progress)
+                return await self._save(sink, source, size, method, progress, expect_crc32c)
             finally:
                 source.close()
                 await sink.aclose()
 
     async def _save(
-        self, sink: Sink, source: Source, size: int, method: str, progress: ProgressFn | None
+        self,
+        sink: Sink,
+        source: Source,
+        size: int,
+        method: str,
+        progress: ProgressFn | None,
+        expect_crc32c: Sequence[int] | None = None,
     ) -> SaveResult:
         executor = self._ensure_executor()
         in_flight = self.config.max_in_flight or min(sink.default_in_flight, self.config.num_buffers)
@@ -210,6 +223,8 @@ class AsyncCheckpointer(LoadsMixin):
                         max_in_flight=in_flight,
                         progress=progress,
                     )
+                if expect_crc32c is not None:
+                    check_pipeline(times.records, expect_crc32c, sink.uri)
                 t_close = now()
                 # the old manifest goes only now: a save failing earlier leaves the previous
                 # checkpoint verifiable, and a stale manifest never describes the new object
