@@ -15,6 +15,7 @@ view is scattered into the destination arrays (fresh, or the caller's with ``int
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -450,8 +451,9 @@ class StateMixin(LoadsMixin):
                         threads=self._budget.threads,
                         progress=progress,
                     )
-                    async for view in views:
-                        await scatter.take(view, executor)
+                    async with contextlib.aclosing(views):  # buffers reclaimed now on any exit
+                        async for view in views:
+                            await scatter.take(view, executor)
                     ls.sink_facts = sink.describe()
                     t_close = now()
                     await sink.aclose()

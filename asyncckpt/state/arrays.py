@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MissingDependencyError
 from . import dtypes
 from .dtypes import DType
 from .flatten import Leaf, is_torch_tensor, path_text
@@ -127,9 +127,11 @@ def numpy_kind(entry: TensorEntry, *, as_torch: bool, ml_dtypes: Any) -> np.dtyp
         return None
     found = dtypes.numpy_dtype(entry.dtype, ml_dtypes=ml_dtypes)
     if found is None and dtypes.optional_module("torch") is None:
-        raise ConfigError(
-            f"tensor {entry.name!r} is {entry.dtype.code}, which NumPy lacks: install ml_dtypes "
-            "(pip install ml_dtypes) or torch (pip install 'asyncckpt[torch]') to load it"
+        raise MissingDependencyError(
+            "ml_dtypes",
+            "mldtypes",
+            f"tensor {entry.name!r} is {entry.dtype.code}, which NumPy lacks; loading it (or install "
+            "torch: asyncckpt[torch])",
         )
     return found
 
