@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import struct
@@ -20,6 +21,7 @@ from asyncckpt import (
     AsyncCheckpointer,
     ChecksumMismatchError,
     ConfigError,
+    IntegrityError,
     SourceChangedError,
     StateFormatError,
 )
@@ -489,3 +491,46 @@ def test_dtypes_numpy_lacks_without_optional_packages(
     else:
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout == expect
+
+
+async def test_cancelled_state_load_and_save_clean_up(tmp_path: Path, leak_check: None) -> None:
+    uri = str(tmp_path / "c.safetensors")
+    state = {"w": floats((400, 1000))}  # 1.6 MB: 25 chunks
+    started = asyncio.Event()
+    async with ckpt() as c:
+        await c.save_state(uri, state)
+        for op in ("load", "save"):
+            started.clear()
+
+            def on_chunk(_: int) -> None:
+                started.set()
+
+            if op == "load":
+                task = asyncio.create_task(c.load_state(uri, progress=on_chunk))
+            else:
+                task = asyncio.create_task(c.save_state(uri + ".2", state, progress=on_chunk))
+            await started.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            pool = c._pool
+            assert pool is not None and pool.stats().free == 3, op
+        np.testing.assert_array_equal((await c.load_state(uri)).state["w"], state["w"])  # still usable
+    assert names(tmp_path) == ["c.safetensors", "c.safetensors.manifest.json"]  # no partial file
+
+
+async def test_object_replaced_during_state_load_is_refused(tmp_path: Path, leak_check: None) -> None:
+    uri = tmp_path / "r.safetensors"
+    async with ckpt(chunk_size=2 << 20) as c:  # chunks >= 1 MiB: the scatter copies in a thread
+        await c.save_state(str(uri), {"w": floats((1000, 1000))}, metadata={"v": "1"})
+        other = bytearray(uri.read_bytes())
+        at = other.index(b'"v":"1"')
+        other[at : at + 7] = b'"v":"2"'  # same size, another header
+        async with c._lock:  # the load reads the header, then waits here for the pool
+            task = asyncio.create_task(c.load_state(str(uri), verify=False))  # no CRC catches it first
+            while not c._lock._waiters:  # type: ignore[attr-defined]  # noqa: ASYNC110 - no hook to await
+                await asyncio.sleep(0)
+            uri.write_bytes(other)
+        with pytest.raises(IntegrityError, match="changed during the load: its header differs"):
+            await task
+        assert c._pool is not None and c._pool.stats().free == 3  # reclaimed at once, not at GC
