@@ -124,6 +124,8 @@ async def test_numpy_round_trip_every_dtype_and_layout(tmp_path: Path) -> None:
     assert saved.tensors == len(state) and saved.save.size_bytes == size_of(uri)
     assert saved.save.chunks == -(-size_of(uri) // CHUNK)  # the ordinary pipeline's chunks
     assert loaded.load.size_bytes == size_of(uri)
+    async with ckpt() as c:  # the object is also an ordinary verified checkpoint (sidecar manifest)
+        assert (await c.load(uri)).size_bytes == size_of(uri)
 
 
 async def test_file_layout_is_aligned_and_valid_safetensors(tmp_path: Path) -> None:
@@ -534,3 +536,26 @@ async def test_object_replaced_during_state_load_is_refused(tmp_path: Path, leak
         with pytest.raises(IntegrityError, match="changed during the load: its header differs"):
             await task
         assert c._pool is not None and c._pool.stats().free == 3  # reclaimed at once, not at GC
+
+
+@pytest.mark.parametrize(
+    ("header", "data", "chunk"),
+    [
+        (4096, 0, 4096),
+        (4096, 1, 4096),
+        (8192, 5000, 4096),
+        (4096, 70_000, 65536),
+        (12288, 3, 8192),
+        (4096, 8192, 4096),
+    ],
+)
+def test_chunk_crcs_equal_the_objects_own(header: int, data: int, chunk: int) -> None:
+    from asyncckpt.checksum import crc
+    from asyncckpt.state import chunks
+
+    raw = np.random.default_rng(header + data).integers(0, 256, header + data, dtype=np.uint8).tobytes()
+    views = [memoryview(raw)[header : header + data // 3], memoryview(raw)[header + data // 3 :]]
+    data_crcs = chunks.data_chunk_crcs(views, header, chunk)
+    assert len(data_crcs) == chunks.data_chunk_count(header, len(raw), chunk)
+    got = chunks.object_chunk_crcs(raw[:header], data_crcs, len(raw), chunk)
+    assert got == tuple(crc(raw[o : o + chunk]) for o in range(0, len(raw), chunk))
