@@ -329,6 +329,7 @@ class StateMixin(LoadsMixin):
         if into is not None and not isinstance(into, Mapping):
             raise ConfigError(f"into must be a state mapping, got {type(into).__name__}")
         target = _uri(uri)
+        readers, read_chunk = await self._read_args(target, num_readers, read_chunk_size)
         prefix, header = await self._read_header(target)
         meta = header.metadata
         ours = K_FORMAT in meta
@@ -348,7 +349,7 @@ class StateMixin(LoadsMixin):
                 manifest = chunks.manifest_of(target, header.size, chunk, expected)
         dests = _destinations(header, into, as_torch)
         load = await self._stream_state(
-            target, header, prefix, dests, manifest, num_readers, read_chunk_size, defeat_cache, progress
+            target, header, prefix, dests, manifest, readers, read_chunk, defeat_cache, progress
         )
         finishing = [d for d in dests if d.finish is not None]
         if finishing:
@@ -371,6 +372,26 @@ class StateMixin(LoadsMixin):
             load=load,
             metadata={k: v for k, v in meta.items() if not k.startswith("asyncckpt.")},
         )
+
+    async def _read_args(
+        self, uri: str, num_readers: int | None, read_chunk_size: int | None
+    ) -> tuple[int, int]:
+        """Validated (readers, read chunk size), before any I/O (the same rules as ``load``)."""
+        cfg = self.config
+        chunk = cfg.chunk_size if read_chunk_size is None else read_chunk_size
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < ALIGN or chunk % ALIGN:
+            raise ConfigError(f"read_chunk_size must be a positive multiple of {ALIGN}, got {chunk!r}")
+        if chunk > cfg.chunk_size:
+            raise ConfigError(f"read_chunk_size={chunk} exceeds the pool's chunk_size={cfg.chunk_size}")
+        readers = num_readers
+        if readers is None:
+            sink = self._sink(uri)  # no I/O: only its default concurrency is wanted
+            in_flight = sink.default_in_flight
+            await sink.aclose()
+            readers = cfg.max_in_flight or min(in_flight, cfg.num_buffers)
+        if isinstance(readers, bool) or not isinstance(readers, int) or not 1 <= readers <= cfg.num_buffers:
+            raise ConfigError(f"num_readers must be an integer in 1..{cfg.num_buffers}, got {num_readers!r}")
+        return readers, chunk
 
     async def _read_header(self, uri: str) -> tuple[bytearray, Header]:
         sink = self._sink(uri)
@@ -396,27 +417,13 @@ class StateMixin(LoadsMixin):
         prefix: bytearray,
         dests: list[Destination],
         manifest: Manifest | None,
-        num_readers: int | None,
-        read_chunk_size: int | None,
+        readers: int,
+        read_chunk: int,
         defeat_cache: bool,
         progress: ProgressFn | None,
     ) -> SaveResult:
         cfg = self.config
-        read_chunk = cfg.chunk_size if read_chunk_size is None else read_chunk_size
-        if (
-            isinstance(read_chunk, bool)
-            or not isinstance(read_chunk, int)
-            or read_chunk < ALIGN
-            or read_chunk % ALIGN
-        ):
-            raise ConfigError(f"read_chunk_size must be a positive multiple of {ALIGN}, got {read_chunk!r}")
-        if read_chunk > cfg.chunk_size:
-            raise ConfigError(f"read_chunk_size={read_chunk} exceeds the pool's chunk_size={cfg.chunk_size}")
         sink = self._sink(uri)
-        readers = num_readers or cfg.max_in_flight or min(sink.default_in_flight, cfg.num_buffers)
-        if isinstance(readers, bool) or not isinstance(readers, int) or not 1 <= readers <= cfg.num_buffers:
-            await sink.aclose()
-            raise ConfigError(f"num_readers must be an integer in 1..{cfg.num_buffers}, got {num_readers!r}")
         ls = LoadState(uri=uri, backend=sink.backend, verify_mode="checksum" if manifest else "none")
         ls.manifest = manifest or chunks.manifest_of(uri, header.size, cfg.chunk_size, ())
         verifier = ChecksumVerifier(manifest) if manifest is not None else None
