@@ -347,6 +347,19 @@ async def test_host_staging_snapshot_handle(tmp_path: Path) -> None:
         second = await c.save_state(str(tmp_path / "b.safetensors"), {"w": weights * 2}, staging="host")
         assert first.done()  # the area was busy: the second save waited for it
         assert (await second).waited_s > 0
+        # staged saves started together take turns: neither overwrites the other's staged copy
+        states = [{"w": np.full(100_000, i, np.float32)} for i in range(3)]
+        handles = await asyncio.gather(
+            *(
+                c.save_state(str(tmp_path / f"g{i}.safetensors"), s, staging="host")
+                for i, s in enumerate(states)
+            )
+        )
+        await asyncio.gather(*handles)
+        for i, s in enumerate(states):
+            np.testing.assert_array_equal(
+                (await c.load_state(str(tmp_path / f"g{i}.safetensors"))).state["w"], s["w"]
+            )
         # a staged save still running when the checkpointer closes is finished, not dropped
         await c.save_state(str(tmp_path / "last.safetensors"), {"w": snapshot}, staging="host")
     np.testing.assert_array_equal(safetensors.numpy.load_file(tmp_path / "last.safetensors")["w"], snapshot)

@@ -248,9 +248,21 @@ class StateMixin(LoadsMixin):
     ) -> StagedSave:
         area = self._staging_area
         t0 = now()
-        if area.pending is not None:  # the area is busy until the previous write finished
-            await asyncio.wait([area.pending])
-            area.pending = None
+        async with area.lock:  # one copy into the area at a time; then it is busy until written
+            if area.pending is not None:
+                await asyncio.wait([area.pending])
+                area.pending = None
+            return await self._stage_and_write(area, uri, state, metadata, progress, t0)
+
+    async def _stage_and_write(
+        self,
+        area: StagingArea,
+        uri: str,
+        state: object,
+        metadata: Mapping[str, str] | None,
+        progress: ProgressFn | None,
+        t0: float,
+    ) -> StagedSave:
         waited = now() - t0
         chunk = self.config.chunk_size
         p = plan(uri, state, chunk, metadata)

@@ -29,6 +29,7 @@ class StagingArea:
     def __init__(self) -> None:
         self._map: mmap.mmap | None = None
         self.pending: asyncio.Task[Any] | None = None  # the background write using the area
+        self.lock = asyncio.Lock()  # held while a save copies into the area
 
     @property
     def capacity(self) -> int:
