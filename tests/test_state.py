@@ -585,3 +585,44 @@ def test_chunk_crcs_equal_the_objects_own(header: int, data: int, chunk: int) ->
     assert len(data_crcs) == chunks.data_chunk_count(header, len(raw), chunk)
     got = chunks.object_chunk_crcs(raw[:header], data_crcs, len(raw), chunk)
     assert got == tuple(crc(raw[o : o + chunk]) for o in range(0, len(raw), chunk))
+
+
+_MEMORY = """
+import asyncio, resource, sys
+import numpy as np
+from asyncckpt import AsyncCheckpointer
+
+def peak() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+async def main() -> None:
+    weights = np.ones(64 * 2**20, np.float32)  # 256 MiB, touched
+    async with AsyncCheckpointer(chunk_size=2**20, num_buffers=4) as c:
+        await c.save_state(sys.argv[1], {"w": weights[:1024]}, staging=sys.argv[2])  # pool etc. warm
+        before = peak()
+        handle = await c.save_state(sys.argv[1], {"w": weights}, staging=sys.argv[2])
+        if sys.argv[2] == "host":
+            await handle
+        print(peak() - before)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("staging", ["none", "host"])
+def test_memory_of_each_staging_mode(tmp_path: Path, staging: str) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEMORY, str(tmp_path / "m.safetensors"), staging],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    grew = int(proc.stdout)
+    if staging == "none":  # streamed from the array itself: the pool, no full-size copy
+        assert grew < 32 * 2**20, grew
+    else:  # a staging area the size of the state
+        assert grew > 200 * 2**20, grew
