@@ -121,6 +121,8 @@ async def test_numpy_round_trip_every_dtype_and_layout(tmp_path: Path) -> None:
     assert_same(loaded.state, state)
     assert loaded.verified and "CRC32C" in loaded.verification
     assert set(saved.copied_contiguous) == {"strided", "fortran", "big_endian"}
+    as_json = json.loads(json.dumps(saved.to_dict()))  # plain data, like every result
+    assert as_json["staging"] == "none" and as_json["save"]["size_bytes"] == saved.save.size_bytes
     assert saved.tensors == len(state) and saved.save.size_bytes == size_of(uri)
     assert saved.save.chunks == -(-size_of(uri) // CHUNK)  # the ordinary pipeline's chunks
     assert loaded.load.size_bytes == size_of(uri)
