@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
@@ -26,6 +27,8 @@ from .sinks import SinkOptions, make_sink, resolve_backend
 from .sinks.base import Sink
 from .sources import CallerData, make_source
 from .sources.base import Source
+from .state.api import StateMixin
+from .state.chunks import check_pipeline
 from .topology import thread_budget
 from .watchdog import unwrap, watch
 
@@ -33,7 +36,7 @@ log = logging.getLogger("asyncckpt")
 METHODS = ("streaming", "preallocate")
 
 
-class AsyncCheckpointer(LoadsMixin):
+class AsyncCheckpointer(StateMixin, LoadsMixin):
     """Streams checkpoints to storage (and back: ``load``/``iter_load``) without blocking the loop.
 
     >>> async with AsyncCheckpointer(chunk_size=32 * 2**20, num_buffers=8) as ckpt:
@@ -65,6 +68,7 @@ class AsyncCheckpointer(LoadsMixin):
 
     async def aclose(self) -> None:
         """Release the pool and the executor; idempotent."""
+        await self._close_state()  # a background staged save finishes first
         self._closed = True
         if self._executor is not None:
             executor, self._executor = self._executor, None
@@ -154,12 +158,15 @@ class AsyncCheckpointer(LoadsMixin):
         data: CallerData | None = None,
         method: str = "streaming",
         progress: ProgressFn | None = None,
+        expect_crc32c: Sequence[int] | None = None,
     ) -> SaveResult:
         """Write a checkpoint of ``size`` bytes to ``uri`` and return what it measured.
 
         Without ``data`` the bytes are synthetic (seeded, reproducible). With ``data`` (bytes-like
         or a sync/async iterable of buffers) real state is streamed; ``size`` defaults to
         ``len(data)`` for bytes-like data. Nothing is visible at ``uri`` unless this returns.
+        ``expect_crc32c``: per-chunk CRCs the caller computed beforehand (``save_state``); if the
+        pipeline's differ, the data changed while being saved and nothing is published.
         """
         if method not in METHODS:
             raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
@@ -194,7 +201,7 @@ class AsyncCheckpointer(LoadsMixin):
                     b.local_ranks_source,
                 )
                 try:
-                    return await self._save(sink, source, size, method, progress)
+                    return await self._save(sink, source, size, method, progress, expect_crc32c)
                 finally:
                     source.close()
                     await sink.aclose()
@@ -203,7 +210,13 @@ class AsyncCheckpointer(LoadsMixin):
             raise
 
     async def _save(
-        self, sink: Sink, source: Source, size: int, method: str, progress: ProgressFn | None
+        self,
+        sink: Sink,
+        source: Source,
+        size: int,
+        method: str,
+        progress: ProgressFn | None,
+        expect_crc32c: Sequence[int] | None = None,
     ) -> SaveResult:
         executor = self._ensure_executor()
         in_flight = self.config.max_in_flight or min(sink.default_in_flight, self.config.num_buffers)
@@ -213,10 +226,16 @@ class AsyncCheckpointer(LoadsMixin):
             pool.reset_stats()
             if isinstance(writer, ProcessSink) and isinstance(pool, SharedBufferPool):
                 writer.attach_arena(pool.arena)  # chunks travel to the writer as arena offsets
-        sealer = sealer_for(sink.uri, size, self.config.chunk_size, source.describe(), sink.backend)
+        # data that carries its own checksums (a save_state object: a safetensors header) is
+        # published as it is; everything else gets its manifest sealed into a footer
+        sealer = (
+            sealer_for(sink.uri, size, self.config.chunk_size, source.describe(), sink.backend)
+            if expect_crc32c is None
+            else None
+        )
         async with LoopMonitor(self.config.monitor_interval) as monitor:
             t0 = now()
-            await sink.open(sealer.seal.object_size)
+            await sink.open(size if sealer is None else sealer.seal.object_size)
             t_open = now()
             try:
                 if pool is not None:
@@ -242,6 +261,8 @@ class AsyncCheckpointer(LoadsMixin):
                         progress=progress,
                         sealer=sealer,
                     )
+                if expect_crc32c is not None:  # the bytes written are the bytes the caller summed
+                    check_pipeline(times.records, expect_crc32c, sink.uri)
             except BaseException:
                 await sink.abort()
                 raise

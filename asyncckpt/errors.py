@@ -84,6 +84,14 @@ class ManifestError(IntegrityError):
     """The manifest is unreadable or does not describe this object (size, name)."""
 
 
+class StateFormatError(IntegrityError):
+    """A state object is not a valid safetensors file (or its asyncckpt metadata is malformed)."""
+
+
+class SourceChangedError(IntegrityError):
+    """The caller's data changed while it was being saved (its checksums differ from a pre-pass)."""
+
+
 class TruncatedError(IntegrityError):
     """The object is shorter than its manifest says (``offset``: first missing byte)."""
 

@@ -27,6 +27,7 @@ from .pool import BufferPool
 from .runinfo import run_facts
 from .seal import read_sealed
 from .sinks.base import Sink
+from .state.header import state_manifest
 from .topology import ThreadBudget
 from .verify import Verifier, make_verifier
 from .watchdog import unwrap
@@ -114,8 +115,10 @@ class LoadsMixin:
             try:
                 if await read_sealed(sink, size, sink.uri) is not None:
                     return "checkpoint"
+                if await state_manifest(sink, size, sink.uri) is not None:
+                    return "checkpoint"
             except IntegrityError:
-                return "checkpoint"  # our footer, damaged: still ours to replace
+                return "checkpoint"  # our footer or header, damaged: still ours to replace
             sidecar = self._sink(manifest_uri(sink.uri))
             try:
                 await sidecar.size()
@@ -229,6 +232,8 @@ class LoadsMixin:
                     await sink.open_read(defeat_cache=defeat_cache)
                     object_size = await sink.size()
                     manifest = await read_sealed(sink, object_size, uri)
+                    if manifest is None:  # a save_state object: its header holds the checksums
+                        manifest = await state_manifest(sink, object_size, uri)
                     if manifest is None:  # a save of asyncckpt < 0.2: the manifest is a sidecar
                         msink = self._sink(manifest_uri(uri))
                         manifest = await read_manifest(msink, uri)

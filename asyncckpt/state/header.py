@@ -1,0 +1,84 @@
+"""Reading a state object's safetensors header: for ``load_state``, and for a plain ``load``,
+which verifies a ``save_state`` object against the checksums its header carries."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..config import ALIGN
+from ..errors import ChecksumMismatchError, StateFormatError
+from ..manifest import Manifest
+from ..sinks.base import Sink
+from . import chunks
+from .safetensors_format import (
+    FORMAT_VALUE,
+    K_CHUNK,
+    K_CRCS,
+    K_FORMAT,
+    K_TREE,
+    Header,
+    header_crc_ok,
+    header_length,
+    parse_header,
+)
+
+FIRST_READ = 64 << 10  # the header of most states fits: one request instead of two
+
+
+async def read_exact(sink: Sink, offset: int, view: memoryview, uri: str) -> None:
+    got = 0
+    while got < len(view):
+        n = await sink.read_into(offset + got, view[got:])
+        if n <= 0:
+            raise StateFormatError(f"{uri!r} ended at offset {offset + got} while reading its header")
+        got += n
+
+
+async def read_prefix(sink: Sink, size: int, uri: str) -> tuple[bytearray, Header]:
+    """The length field and JSON header of a safetensors object, parsed and validated."""
+    first = bytearray(min(size, FIRST_READ))
+    await read_exact(sink, 0, memoryview(first), uri)
+    n = header_length(bytes(first[:8]), size, uri)
+    if 8 + n > len(first):
+        rest = bytearray(8 + n - len(first))
+        await read_exact(sink, len(first), memoryview(rest), uri)
+        first += rest
+    prefix = first[: 8 + n]
+    return prefix, parse_header(bytes(prefix[8:]), size, uri)
+
+
+async def state_manifest(sink: Sink, size: int, uri: str) -> Manifest | None:
+    """The whole-object manifest a ``save_state`` object carries in its header (so a plain
+    ``load`` verifies it too), or None when the object is no asyncckpt safetensors file."""
+    try:
+        prefix, header = await read_prefix(sink, size, uri)
+    except StateFormatError:
+        return None  # not a safetensors object at all
+    if K_FORMAT not in header.metadata:
+        return None  # another writer's safetensors file: no checksums to verify against
+    _, chunk, crcs = asyncckpt_metadata(header.metadata, uri)
+    if not header_crc_ok(bytes(prefix)):
+        raise ChecksumMismatchError(
+            f"checkpoint {uri!r} is corrupt: its header's CRC32C does not match", chunk=0, offset=0
+        )
+    return chunks.manifest_of(
+        uri, header.size, chunk, chunks.object_chunk_crcs(prefix, crcs, header.size, chunk)
+    )
+
+
+def asyncckpt_metadata(meta: dict[str, str], uri: str) -> tuple[Any, int, list[int]]:
+    where = f"{uri!r}"
+    if meta.get(K_FORMAT) != FORMAT_VALUE:
+        raise StateFormatError(
+            f"{where}: asyncckpt format {meta.get(K_FORMAT)!r}; this reader knows {FORMAT_VALUE!r}"
+        )
+    try:
+        tree = json.loads(meta[K_TREE])
+        chunk = int(meta[K_CHUNK])
+    except (KeyError, ValueError) as exc:
+        raise StateFormatError(f"{where}: asyncckpt metadata is malformed ({exc})") from None
+    if chunk < ALIGN or chunk % ALIGN:
+        raise StateFormatError(f"{where}: asyncckpt.chunk_size {chunk} is not a multiple of {ALIGN}")
+    crcs = chunks.decode(meta.get(K_CRCS, ""), where)
+    return tree, chunk, crcs

@@ -1,0 +1,79 @@
+"""What ``save_state`` / ``load_state`` return, and the handle of a background (staged) save."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..metrics import SaveResult
+
+StagingMode = Literal["none", "host"]
+STAGING_MODES: tuple[str, ...] = ("none", "host")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateSaveResult:
+    """One state save. ``blocked_s``: how long the caller could not touch its arrays.
+
+    With ``staging="none"`` that is the whole save; with ``"host"`` it is the wait for the
+    previous staged save (``waited_s``) plus the copy into the staging area (``copy_s``).
+    ``prepass_s`` is the CRC32C pass that lets the header be written first.
+    """
+
+    uri: str
+    staging: str
+    blocked_s: float
+    waited_s: float
+    copy_s: float
+    prepass_s: float
+    tensors: int
+    tensor_bytes: int
+    header_bytes: int
+    copied_contiguous: tuple[str, ...]  # tensors whose bytes had to be rearranged (see arrays.py)
+    save: SaveResult
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k != "save"}
+        out["copied_contiguous"] = list(self.copied_contiguous)
+        out["save"] = self.save.to_dict()
+        return out
+
+
+class StagedSave:
+    """A ``staging="host"`` save writing in the background: ``await`` it for the result.
+
+    The caller's arrays were copied before this handle was returned (``blocked_s``); the
+    result arrives once the object is durable and published at its URI.
+    """
+
+    def __init__(self, task: asyncio.Task[StateSaveResult], *, uri: str, blocked_s: float) -> None:
+        self._task = task
+        self.uri = uri
+        self.blocked_s = blocked_s
+
+    def done(self) -> bool:
+        """True once the write finished (successfully or not)."""
+        return self._task.done()
+
+    async def wait(self) -> StateSaveResult:
+        """The result once the data is durable; raises what the background write raised."""
+        return await asyncio.shield(self._task)
+
+    def __await__(self) -> Generator[Any, None, StateSaveResult]:
+        return self.wait().__await__()
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateLoadResult:
+    """A loaded state and how it was checked (``verified`` False says why in ``verification``)."""
+
+    state: dict[Any, Any]
+    verified: bool
+    verification: str
+    tensors: int
+    tensor_bytes: int
+    in_place: bool
+    load: SaveResult
+    metadata: dict[str, str] = field(default_factory=dict)  # the header's __metadata__ (user keys)
