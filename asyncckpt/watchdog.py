@@ -155,7 +155,11 @@ class WatchedSink(Sink):
     def check(self) -> None:
         self.inner.check()
 
+    async def start(self) -> None:
+        await self.inner.start()  # not storage I/O: never a stall
+
     async def open(self, size: int) -> None:
+        await self.inner.start()
         await self.watchdog.run("open", lambda: self.inner.open(size))
 
     async def write_part(self, offset: int, data: memoryview) -> float | None:
@@ -174,6 +178,7 @@ class WatchedSink(Sink):
             log.warning("abort failed (an upload or temporary file may be left for cleanup): %s", exc)
 
     async def open_read(self, *, defeat_cache: bool = True) -> None:
+        await self.inner.start()
         await self.watchdog.run("open for reading", lambda: self.inner.open_read(defeat_cache=defeat_cache))
 
     async def read_into(self, offset: int, buf: memoryview) -> int:
@@ -181,9 +186,11 @@ class WatchedSink(Sink):
         return await self.watchdog.run(stage, lambda: self.inner.read_into(offset, buf))
 
     async def size(self) -> int:
+        await self.inner.start()
         return await self.watchdog.run("stat", self.inner.size)
 
     async def delete(self) -> None:
+        await self.inner.start()
         await self.watchdog.run("delete", self.inner.delete)
 
     async def aclose(self) -> None:

@@ -279,6 +279,9 @@ class ProcessSink(Sink):
         self._proc, self._dead = None, self._dead or "the writer process was closed"
 
     # -- the Sink interface ------------------------------------------------------------
+    async def start(self) -> None:
+        await self._ensure_started()
+
     async def open(self, size: int) -> None:
         facts = await self._call("open", size)
         self._temp_path = facts["temp_path"]

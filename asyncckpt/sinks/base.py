@@ -41,6 +41,10 @@ class Sink(ABC):
         self.executor = executor
         self.options = options
 
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Start what the sink runs on (a writer process), no storage I/O; idempotent. The
+        stall watchdog does not time it: a slow start on a loaded machine is not a stall."""
+
     def check(self) -> None:  # noqa: B027 - optional hook
         """Validate the target cheaply, before any I/O; raise a clear error if it is wrong."""
 
