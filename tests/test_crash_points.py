@@ -23,6 +23,7 @@ import pytest
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.units import MiB
 
+from .cancel_points import cancel_everywhere
 from .conftest import ROOT
 
 CHILD = Path(__file__).with_name("crash_child.py")
@@ -117,24 +118,10 @@ async def test_cancellation_at_every_point_says_what_was_published(tmp_path: Pat
     target = tmp_path / "ck.bin"
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3, seed=SEED_B) as ckpt:
         await ckpt.save(target, SIZE_A)  # warm pool and executor
-        task = asyncio.create_task(ckpt.save(target, SIZE_B))
-        total = 0
-        while not task.done():
-            await asyncio.sleep(0)
-            total += 1
-        await task
-        outcomes = set()
-        for k in range(1, total + 2, max(1, total // 40)):  # from its first await on
-            await save(target, SIZE_A, SEED_A)
-            task = asyncio.create_task(ckpt.save(target, SIZE_B))
-            for _ in range(k):
-                await asyncio.sleep(0)
-            task.cancel()
-            try:
-                await task
-                published = True
-            except asyncio.CancelledError as exc:
-                published = bool(exc.asyncckpt_published)  # type: ignore[attr-defined]
-            assert await loaded_version(target) == ("B" if published else "A"), k
-            outcomes.add(published)
+        outcomes = await cancel_everywhere(
+            lambda: ckpt.save(target, SIZE_B),
+            lambda: save(target, SIZE_A, SEED_A),
+            lambda: loaded_version(target),
+            points=40,
+        )
     assert outcomes == {True, False}  # both sides of the commit were hit

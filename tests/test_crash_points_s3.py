@@ -22,6 +22,7 @@ from asyncckpt.bench.s3endpoint import S3Endpoint
 from asyncckpt.leftovers import find, remove
 from asyncckpt.units import MiB
 
+from .cancel_points import cancel_everywhere
 from .conftest import ROOT
 from .relay import FaultyFront, is_create, is_part_2
 from .s3_harness import in_child, new_bucket
@@ -142,24 +143,10 @@ async def test_cancellation_at_every_point_says_what_was_published(s3_endpoint: 
     uri = f"s3://{bucket}/ck.bin"
     async with ckpt(s3_endpoint, SEED_B) as c:
         await c.save(uri, SIZE_A)  # warm the client and pool
-        task = asyncio.create_task(c.save(uri, SIZE_B))
-        total = 0
-        while not task.done():
-            await asyncio.sleep(0)
-            total += 1
-        await task
-        outcomes = set()
-        for k in range(1, total + 2, max(1, total // 12)):
-            await save_a(s3_endpoint, uri)
-            task = asyncio.create_task(c.save(uri, SIZE_B))
-            for _ in range(k):
-                await asyncio.sleep(0)
-            task.cancel()
-            try:
-                await task
-                published = True
-            except asyncio.CancelledError as exc:
-                published = bool(exc.asyncckpt_published)  # type: ignore[attr-defined]
-            assert await version(s3_endpoint, uri) == ("B" if published else "A"), k
-            outcomes.add(published)
+        outcomes = await cancel_everywhere(
+            lambda: c.save(uri, SIZE_B),
+            lambda: save_a(s3_endpoint, uri),
+            lambda: version(s3_endpoint, uri),
+            points=12,
+        )
     assert outcomes == {True, False}  # both sides of the commit were hit
