@@ -104,7 +104,14 @@ class TcpProxy:
             dst.shutdown(socket.SHUT_WR)
 
     def cut(self) -> None:
-        """Refuse new connections and reset every open one."""
+        """Refuse new connections and reset every open one, then wait for the relay threads."""
+        self.sever()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def sever(self) -> None:
+        """Refuse new connections and reset every open one, at once (no waiting: safe to call
+        on an event loop, so the outage lands exactly where the test puts it)."""
         self._cut.set()
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
@@ -114,5 +121,3 @@ class TcpProxy:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
-        for t in self._threads:
-            t.join(timeout=5)
