@@ -31,6 +31,8 @@ def tests(session: nox.Session) -> None:
 #: the modules a loaded machine breaks first: object stores, faults, stalls, crashes
 STRESS_MODULES = ("test_s3_*.py", "test_swift_*.py", "test_*fault*.py", "test_*stall*.py", "test_crash*.py")
 HOGS = 2
+#: the longer crash-point variant of the reliability issue: at least 50 random kill instants
+LONG_INSTANTS = 50
 
 
 @contextlib.contextmanager
@@ -48,7 +50,8 @@ def cpu_hogs(n: int) -> Iterator[None]:
 @nox.session(python=PYTHON)
 def stress(session: nox.Session) -> None:
     """The suite under load (issue 13): two CPU hogs beside it; the whole suite 3 consecutive
-    runs, then the S3, Swift and fault modules 10. Any failure stops the session. Not a default
+    runs, then the S3, Swift and fault modules 10,
+    then the crash-point tests at 50 random instants. Any failure stops the session. Not a default
     session: it takes a while. ``nox -s stress -- ARGS`` passes ARGS to every pytest run."""
     if os.path.exists("tests/setup_system.sh"):
         session.run("bash", "tests/setup_system.sh", external=True)
@@ -61,6 +64,12 @@ def stress(session: nox.Session) -> None:
         for i in range(10):
             session.log(f"stress: S3/Swift/fault modules, run {i + 1} of 10, {HOGS} CPU hogs")
             session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *modules, *session.posargs)
+        session.log(f"stress: crash points at {LONG_INSTANTS} random instants, {HOGS} CPU hogs")
+        session.run(
+            "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "random_instants", "--timeout=900",
+            *sorted(glob.glob("tests/test_crash*.py")), *session.posargs,
+            env={"CRASH_INSTANTS": str(LONG_INSTANTS)},
+        )  # fmt: skip
 
 
 @nox.session(python=PYTHON)

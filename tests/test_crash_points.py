@@ -30,6 +30,8 @@ CHILD = Path(__file__).with_name("crash_child.py")
 CHUNK = 1 * MiB
 SIZE_A, SEED_A = 3 * CHUNK + 123, 1
 SIZE_B, SEED_B = 6 * CHUNK + 4567, 2  # 7 chunks: 7 pwrites (the last one carries the footer)
+#: random kill instants; the stress session runs the longer variant (``CRASH_INSTANTS=50``)
+INSTANTS = int(os.environ.get("CRASH_INSTANTS", "10"))
 
 
 async def save(target: Path, size: int, seed: int) -> None:
@@ -100,7 +102,7 @@ async def test_sigkill_at_random_instants_leaves_old_or_new(tmp_path: Path) -> N
     span = time.perf_counter() - t0
     assert proc.returncode == 0
     seen = set()
-    for delay in random.Random(1234).sample(range(1000), 10):
+    for delay in random.Random(1234).sample(range(1000), INSTANTS):
         await save(target, SIZE_A, SEED_A)
         proc = child(target, "none", 0)
         assert proc.stdout is not None

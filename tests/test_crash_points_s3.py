@@ -33,6 +33,8 @@ CHILD = ROOT / "tests" / "crash_child.py"
 CHUNK = 5 * MiB
 SIZE_A, SEED_A = 2 * CHUNK + 77, 1
 SIZE_B, SEED_B = 3 * CHUNK + 1234, 2
+#: random kill instants (half the file count: each S3 kill costs more); stress runs 50
+INSTANTS = int(os.environ.get("CRASH_INSTANTS", "5"))
 
 
 def is_complete(line: str) -> bool:
@@ -125,7 +127,7 @@ async def test_sigkill_at_random_instants_leaves_old_or_new(s3_endpoint: S3Endpo
     await asyncio.to_thread(proc.wait, 60)
     span = time.perf_counter() - t0
     assert proc.returncode == 0
-    for delay in random.Random(4321).sample(range(1000), 5):
+    for delay in random.Random(4321).sample(range(1000), INSTANTS):
         await save_a(s3_endpoint, uri)
         proc = child(uri, s3_endpoint.options())
         assert proc.stdout is not None
