@@ -66,7 +66,8 @@ def stress(session: nox.Session) -> None:
             session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *modules, *session.posargs)
         session.log(f"stress: crash points at {LONG_INSTANTS} random instants, {HOGS} CPU hogs")
         session.run(
-            "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "random_instants", "--timeout=900",
+            "python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            "-k", "random_instants", "--timeout=900",
             *sorted(glob.glob("tests/test_crash*.py")), *session.posargs,
             env={"CRASH_INSTANTS": str(LONG_INSTANTS)},
         )  # fmt: skip
