@@ -135,7 +135,7 @@ def test_s3dlio_errors_map_by_name_not_by_digits_in_ids(message: str, expected: 
     with ThreadPoolExecutor(1) as executor:
         options = SinkOptions(extra={"endpoint_url": "http://127.0.0.1:9", "dotenv": False})
         sink = make_sink("s3://bucket/key", backend="s3dlio", executor=executor, options=options)
-        err = sink._map(RuntimeError(message), "stat")  # type: ignore[attr-defined]
+        err = sink.map_error(RuntimeError(message), "stat")  # type: ignore[attr-defined]
     assert type(err).__name__ == expected, str(err)
 
 
@@ -194,6 +194,6 @@ def test_mountpoint_lost_cause_is_not_passed_off_as_the_cause() -> None:
         )
         sink = make_sink("s3://bucket/key", backend="s3torchconnector", executor=executor, options=options)
     text = "Client error: Unknown CRT error: CRT error 14366: aws-c-s3: AWS_ERROR_S3_REQUEST_HAS_COMPLETED"
-    err = sink._map(RuntimeError(text), "complete upload of")  # type: ignore[attr-defined]
+    err = sink.map_error(RuntimeError(text), "complete upload of")  # type: ignore[attr-defined]
     assert "already failed in the background" in str(err) and "not known" in str(err)
     assert "out of space" not in str(err)

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,12 +22,11 @@ from asyncckpt import (
     StoragePermissionError,
     TargetNotFoundError,
 )
-from asyncckpt.bench.embedded import MotoServer
 from asyncckpt.bench.s3endpoint import S3Endpoint
 
 from .conftest import checkpoint_data, expected_bytes
 from .s3_harness import CHUNK, in_child, new_bucket, run_child_suite, s3_backends
-from .s3_server import TcpProxy, provision_user
+from .s3_server import TcpProxy
 
 BACKENDS = s3_backends()
 
@@ -45,13 +44,6 @@ async def uploads(server: S3Endpoint, bucket: str) -> list[str]:
 async def exists(server: S3Endpoint, bucket: str, key: str) -> bool:
     listing = await asyncio.to_thread(server.client().list_objects_v2, Bucket=bucket, Prefix=key)
     return "Contents" in listing
-
-
-@pytest.fixture
-def auth_server() -> Iterator[S3Endpoint]:
-    """A private moto that enforces IAM credentials, as the endpoint of a user allowed s3:*."""
-    with MotoServer(auth=True) as server:
-        yield provision_user(server)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -160,6 +160,15 @@ def moto_endpoint(s3_servers: Servers) -> S3Endpoint:
 
 
 @pytest.fixture
+def auth_server() -> Iterator[S3Endpoint]:
+    """A private moto that enforces IAM credentials, as the endpoint of a user allowed s3:*."""
+    from ..s3_server import provision_user
+
+    with MotoServer(auth=True) as server:
+        yield provision_user(server)
+
+
+@pytest.fixture
 def s3_bucket(s3_endpoint: S3Endpoint) -> str:
     return s3_endpoint.create_bucket()
 

@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import random
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..._blocking import run_blocking
 from ...endpoints import is_failover_error
-from ...errors import MissingDependencyError, StorageError
-from .common import S3SinkBase, log, storage_error
+from ...errors import MissingDependencyError
+from .common import ErrorFields, log
+from .core import MultipartSink
 from .log_guard import guard_botocore_logs
 
 try:
@@ -99,8 +98,8 @@ def _warm_session() -> AioSession:
         return _session
 
 
-class AiobotocoreSink(S3SinkBase):
-    """``s3://bucket/key`` through aiobotocore."""
+class AiobotocoreSink(MultipartSink):
+    """``s3://bucket/key`` through aiobotocore: the S3 calls, retried and routed here."""
 
     backend = "aiobotocore"
     default_in_flight = 4
@@ -111,9 +110,6 @@ class AiobotocoreSink(S3SinkBase):
         self._stack = contextlib.AsyncExitStack()
         self._clients: dict[str | None, Any] = {}  # endpoint URL (None: AWS default) → client
         self._clients_lock = asyncio.Lock()
-        self._upload_id: str | None = None
-        self._etags: dict[int, str] = {}
-        self._small: bytes | None = None
         self.retries = 0  # asyncckpt's retries on the one endpoint (the router counts its own)
 
     async def _s3(self, url: str | None) -> Any:
@@ -166,20 +162,16 @@ class AiobotocoreSink(S3SinkBase):
             config=config,
         )
 
-    def _map(self, exc: Exception, action: str) -> StorageError:
+    def error_fields(self, exc: Exception) -> ErrorFields | None:
         if isinstance(exc, ClientError):
             err = exc.response.get("Error", {})
-            code = str(err.get("Code", "")) or str(
-                exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
-            )
-            return storage_error(
-                code, f"{code}: {err.get('Message', '') or 'no message'}", self.what(action), self.settings
-            )
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = str(err.get("Code", "")) or str(status or "")
+            message = f"{code}: {err.get('Message', '') or 'no message'}"
+            return ErrorFields(code, message, status if isinstance(status, int) else None)
         if isinstance(exc, EndpointConnectionError):
-            return storage_error(
-                "", f"cannot connect to the endpoint ({exc})", self.what(action), self.settings
-            )
-        return storage_error("", f"{type(exc).__name__}: {exc}", self.what(action), self.settings)
+            return ErrorFields(message=str(exc), unreachable=True)
+        return ErrorFields(message=f"{type(exc).__name__}: {exc}")  # aiohttp, timeouts, ...
 
     async def _raw(self, url: str | None, method: str, **kwargs: Any) -> Any:
         """One botocore call on endpoint ``url``; foreign exceptions pass through."""
@@ -206,8 +198,11 @@ class AiobotocoreSink(S3SinkBase):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _control(self, method: str, **kwargs: Any) -> Any:
-        """A one-off request on one endpoint; an unreachable one is marked down, the next tried."""
-        assert self.router is not None
+        """A one-off request: retried on the one endpoint, or on one endpoint of several (an
+        unreachable one is marked down and the next tried)."""
+        if self.router is None:
+            url = self.settings.endpoint_url
+            return await self._retrying(lambda: self._raw(url, method, **kwargs))
         order = self.router.control_order()
         for i, url in enumerate(order):
             try:
@@ -220,114 +215,46 @@ class AiobotocoreSink(S3SinkBase):
                     self.router.mark_down(url)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _call(self, action: str, method: str, **kwargs: Any) -> Any:
-        try:
-            if self.router is None:
-                url = self.settings.endpoint_url
-                return await self._retrying(lambda: self._raw(url, method, **kwargs))
-            return await self._control(method, **kwargs)
-        except Exception as exc:  # the boundary with botocore: everything leaves as StorageError
-            raise self.first_cause(exc if isinstance(exc, StorageError) else self._map(exc, action)) from None
-
-    async def _routed(self, action: str, fn: Callable[[str | None], Awaitable[T]], nbytes: int) -> T:
+    async def _routed(self, fn: Callable[[str | None], Awaitable[T]], nbytes: int) -> T:
         """``fn(endpoint)`` on the one endpoint, or through the router (failover, statistics)."""
-        try:
-            if self.router is None:
-                url = self.settings.endpoint_url
-                return await self._retrying(lambda: fn(url))
-            return await self.router.call(fn, nbytes, retry_on=_server_busy)
-        except Exception as exc:
-            raise self.first_cause(exc if isinstance(exc, StorageError) else self._map(exc, action)) from None
+        if self.router is None:
+            url = self.settings.endpoint_url
+            return await self._retrying(lambda: fn(url))
+        return await self.router.call(fn, nbytes, retry_on=_server_busy)
 
-    # -- writing -----------------------------------------------------------------------
-    async def open(self, size: int) -> None:
-        self.layout(size)
-        self._etags.clear()
-        self._small = None
-        if not self.single_put:
-            response = await self._call("create multipart upload for", "create_multipart_upload")
-            self._upload_id = response["UploadId"]
+    # -- the primitives ----------------------------------------------------------------
+    async def _create(self) -> str:
+        response = await self._control("create_multipart_upload")
+        return str(response["UploadId"])
 
-    async def _upload(self, number: int, body: memoryview) -> None:
-        started = time.perf_counter()
+    async def _upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
         # botocore's CRC32 (checksums="when_supported") treats any non-bytes body as a file;
         # that option hashes every byte on the loop thread anyway, so one copy costs little
         payload: memoryview | bytes = bytes(body) if self.settings.checksums == "when_supported" else body
         response = await self._routed(
-            f"upload part {number} of",
-            lambda url: self._raw(
-                url, "upload_part", UploadId=self._upload_id, PartNumber=number, Body=payload
-            ),
+            lambda url: self._raw(url, "upload_part", UploadId=upload_id, PartNumber=number, Body=payload),
             len(body),
         )
-        self.record_part(started)
-        self._etags[number] = response["ETag"]
+        return str(response["ETag"])
 
-    async def write_part(self, offset: int, data: memoryview) -> float | None:
-        if self.single_put:
-            self._small = bytes(data)  # < one part: copied, PUT at complete (invisible until then)
-            return None
-        parts = self.parts_of(offset, data)
-        started = time.perf_counter()
-        if len(parts) == 1:
-            await self._upload(*parts[0])
-        else:
-            async with asyncio.TaskGroup() as tg:
-                for number, body in parts:
-                    tg.create_task(self._upload(number, body))
-        return time.perf_counter() - started
-
-    async def complete(self) -> dict[str, float]:
-        started = time.perf_counter()
-        if self.single_put:
-            if self._small is None or len(self._small) != self._size:
-                raise StorageError(errno.EIO, self.what("complete") + ": object data was not written")
-            response = await self._call("put", "put_object", Body=self._small)
-            self._small = None
-            self.etag = response.get("ETag")
-            return {"put_s": time.perf_counter() - started}
-        if len(self._etags) != self._nparts:
-            raise StorageError(
-                errno.EIO,
-                self.what("complete") + f": {len(self._etags)} of {self._nparts} parts were uploaded",
-            )
-        parts = [{"PartNumber": n, "ETag": self._etags[n]} for n in sorted(self._etags)]
-        response = await self._call(
-            "complete multipart upload of",
-            "complete_multipart_upload",
-            UploadId=self._upload_id,
-            MultipartUpload={"Parts": parts},
+    async def _complete(self, upload_id: str, parts: list[tuple[int, str]]) -> str | None:
+        listed = [{"PartNumber": n, "ETag": etag} for n, etag in parts]
+        response = await self._control(
+            "complete_multipart_upload", UploadId=upload_id, MultipartUpload={"Parts": listed}
         )
-        self._upload_id = None
-        self.etag = response.get("ETag")
-        return {"complete_s": time.perf_counter() - started}
+        return response.get("ETag")  # type: ignore[no-any-return]
 
-    async def abort(self) -> None:
-        self._small = None
-        upload_id, self._upload_id = self._upload_id, None
-        if upload_id is None:
-            return
-        try:
-            await self._call("abort multipart upload of", "abort_multipart_upload", UploadId=upload_id)
-        except StorageError as exc:
-            self.cleanup_needed = upload_id
-            log.warning(
-                "could not abort upload %s; list_multipart_uploads shows it for cleanup: %s", upload_id, exc
-            )
+    async def _abort(self, upload_id: str) -> None:
+        await self._control("abort_multipart_upload", UploadId=upload_id)
 
-    # -- reading -----------------------------------------------------------------------
-    async def read_into(self, offset: int, buf: memoryview) -> int:
-        if not len(buf):
-            return 0
-        if offset >= await self.known_size():  # S3 answers InvalidRange (416) past the end
-            return 0
-        return await self._routed(
-            f"read bytes {offset}-{offset + len(buf) - 1} of",
-            lambda url: self._get(url, offset, buf),
-            len(buf),
-        )
+    async def _put(self, data: bytes) -> str | None:
+        response = await self._control("put_object", Body=data)
+        return response.get("ETag")  # type: ignore[no-any-return]
 
-    async def _get(self, url: str | None, offset: int, buf: memoryview) -> int:
+    async def _get(self, offset: int, buf: memoryview) -> int:
+        return await self._routed(lambda url: self._get_from(url, offset, buf), len(buf))
+
+    async def _get_from(self, url: str | None, offset: int, buf: memoryview) -> int:
         """One range GET into ``buf`` (repeatable: a retry elsewhere overwrites from the start)."""
         response = await self._raw(url, "get_object", Range=f"bytes={offset}-{offset + len(buf) - 1}")
         n = 0
@@ -337,37 +264,35 @@ class AiobotocoreSink(S3SinkBase):
                 n += len(piece)
         return n
 
-    async def _head_size(self) -> int:
-        response = await self._call("stat", "head_object")
-        self.etag = response.get("ETag")  # the load compares it with the saved one
-        return int(response["ContentLength"])
+    async def _head(self) -> tuple[int, str | None]:
+        response = await self._control("head_object")
+        return int(response["ContentLength"]), response.get("ETag")
 
-    async def delete(self) -> None:
-        self._object_size = None
-        await self._call("delete", "delete_object")
+    async def _delete(self) -> None:
+        await self._control("delete_object")
 
     # -- leftovers (asyncckpt.leftovers) -----------------------------------------------------
     async def pending_uploads(self) -> list[dict[str, Any]]:
         """Multipart uploads whose key starts with this sink's key (taken as a prefix)."""
+        return await self.guarded("list multipart uploads under", self._list_uploads)
+
+    async def _list_uploads(self) -> list[dict[str, Any]]:
         client = await self._s3(self.settings.endpoint_url)
         args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.key}
         found: list[dict[str, Any]] = []
-        try:
-            while True:
-                page = await client.list_multipart_uploads(**args)
-                found.extend(page.get("Uploads", []))
-                if not page.get("IsTruncated"):
-                    return found
-                args.update(KeyMarker=page["NextKeyMarker"], UploadIdMarker=page["NextUploadIdMarker"])
-        except Exception as exc:
-            raise self._map(exc, "list multipart uploads under") from None
+        while True:
+            page = await client.list_multipart_uploads(**args)
+            found.extend(page.get("Uploads", []))
+            if not page.get("IsTruncated"):
+                return found
+            args.update(KeyMarker=page["NextKeyMarker"], UploadIdMarker=page["NextUploadIdMarker"])
 
     async def abort_upload(self, key: str, upload_id: str) -> None:
         client = await self._s3(self.settings.endpoint_url)
-        try:
-            await client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-        except Exception as exc:
-            raise self._map(exc, f"abort upload {upload_id} of s3://{self.bucket}/{key} at") from None
+        await self.guarded(
+            f"abort upload {upload_id} of s3://{self.bucket}/{key} at",
+            lambda: client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id),
+        )
 
     async def aclose(self) -> None:
         await self.abort()

@@ -1,9 +1,11 @@
-"""What every S3 sink shares: target parsing, part layout, statistics, error mapping, ordering.
+"""What every S3 sink shares: target parsing, part layout, statistics, the error boundary.
 
-Foreign exceptions (botocore, minio, s3dlio, Mountpoint) are mapped here to the asyncckpt
-hierarchy by their S3 error code or, for libraries that only give text, by the code in the
-message. Messages are built from what the sink knows (bucket, key, backend, endpoint) and the
-library's error code and text; settings hold secrets as ``Secret``, so none can be part of one.
+Foreign exceptions (botocore, minio, s3dlio, Mountpoint, obstore) are mapped in one place,
+:meth:`S3SinkBase.guarded`: each backend only says how to read an :class:`ErrorFields`
+(status, S3 code, message, unreachable) from its exceptions, and :func:`classify` turns that
+into the asyncckpt hierarchy. Messages are built from what the sink knows (bucket, key,
+backend, endpoint) and the library's code and text; settings hold secrets as ``Secret``, so
+none can be part of one.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import logging
 import re
 import time
 from abc import abstractmethod
-from dataclasses import replace
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, TypeVar
 
+from ..._blocking import run_blocking
 from ...endpoints import EndpointRouter
 from ...errors import ConfigError, StorageError, StoragePermissionError, TargetNotFoundError
 from ...metrics import percentiles
@@ -24,6 +28,7 @@ from ..base import Sink
 from .config import S3Settings, parse_s3_uri, plan_parts
 
 log = logging.getLogger("asyncckpt")
+T = TypeVar("T")
 
 NOT_FOUND_CODES = ("NoSuchBucket", "NoSuchKey", "NotFound", "NoSuchUpload", "404")
 DENIED_CODES = (
@@ -58,17 +63,58 @@ UNAVAILABLE_HINT = (
 )
 
 
-def storage_error(code: str, message: str, what: str, settings: S3Settings) -> StorageError:
-    """The asyncckpt error for an S3 error ``code`` (or free text containing one)."""
-    text = f"{what}: {message}"
-    if any(m in code or m in message for m in UNAVAILABLE_MARKERS):
+@dataclass(frozen=True)
+class ErrorFields:
+    """What a client library's exception says, in S3's terms (each backend reads its own)."""
+
+    code: str = ""  # the S3 error code ("NoSuchKey"), or "" when the library does not give one
+    message: str = ""  # the text shown to the user (code and server message, no secrets)
+    status: int | None = None  # the HTTP status, when known
+    unreachable: bool = False  # no answer at all: refused, reset, name resolution, connect timeout
+
+
+def classify(fields: ErrorFields, what: str) -> StorageError:
+    """The asyncckpt error for what a library said: unavailable (503), missing (404), denied
+    (403), unreachable, else a plain storage error. Codes match as whole words only."""
+    text = f"{what}: {fields.message or fields.code or 'no message'}"
+    if fields.unreachable:
+        text = f"{what}: cannot reach the endpoint ({fields.message})"
+    code = fields.code or ("" if fields.status is None else str(fields.status))
+    if fields.status == 503 or any(m in code or m in fields.message for m in UNAVAILABLE_MARKERS):
         return StorageError(errno.EIO, text + UNAVAILABLE_HINT)
-    if _NOT_FOUND.search(code):
+    if fields.unreachable:
+        return StorageError(errno.EIO, text)
+    if fields.status == 404 or _NOT_FOUND.search(code):
         return TargetNotFoundError(errno.ENOENT, text)
-    if _DENIED.search(code):
+    if fields.status == 403 or _DENIED.search(code):
         hint = " (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN and the bucket policy)"
         return StoragePermissionError(errno.EACCES, text + hint)
     return StorageError(errno.EIO, text)
+
+
+def storage_error(code: str, message: str, what: str, settings: S3Settings) -> StorageError:
+    """The asyncckpt error for an S3 error ``code`` (or free text containing one)."""
+    del settings  # messages never include settings: no secret can reach one
+    return classify(ErrorFields(code=code, message=message), what)
+
+
+def fields_from_text(exc: BaseException, *, unreachable_markers: tuple[str, ...]) -> ErrorFields:
+    """For libraries that give only text (s3dlio, Mountpoint): names first, then whole-word
+    statuses, so a request id such as "…f403a…" never turns a missing object into a denial."""
+    text = str(exc)
+    low = text.lower()
+    message = f"{type(exc).__name__}: {text}"
+    if any(n in text for n in ("NotFound", "NoSuchKey", "NoSuchBucket")) or "not found" in low:
+        return ErrorFields("NotFound", message)
+    if _DENIED.search(text) or "access denied" in low or "forbidden" in low:
+        return ErrorFields("AccessDenied", message)
+    if re.search(r"\b404\b", text):
+        return ErrorFields("NotFound", message, 404)
+    if re.search(r"\b403\b", text):
+        return ErrorFields("AccessDenied", message, 403)
+    if any(m in low for m in unreachable_markers):
+        return ErrorFields(message=message, unreachable=True)
+    return ErrorFields(message=message)
 
 
 class S3SinkBase(Sink):
@@ -95,6 +141,7 @@ class S3SinkBase(Sink):
         self.etag: str | None = None
         self.cleanup_needed: str | None = None  # an upload id an abort could not remove
         self._first_failure: StorageError | None = None  # of the upload in progress
+        self._small: bytes | None = None  # an object below one part, PUT at complete
 
     def _plan_endpoints(self) -> None:
         """Several endpoints: a router for backends that switch per request, else ``rank % N``.
@@ -124,13 +171,92 @@ class S3SinkBase(Sink):
         if self.part_size:
             plan_parts(max(self.part_size, 1), self.part_size, self.options.chunk_size)
 
+    # -- the error boundary ------------------------------------------------------------
+    def error_fields(self, exc: Exception) -> ErrorFields | None:
+        """How this library's exception reads in S3 terms; None: not one of its errors (a
+        bug, which propagates unmapped). Backends override it; nothing else maps errors."""
+        if isinstance(exc, (OSError, TimeoutError)):
+            return ErrorFields(message=f"{type(exc).__name__}: {exc}")
+        return None
+
+    def map_error(self, exc: Exception, action: str) -> StorageError:
+        fields = self.error_fields(exc) or ErrorFields(message=f"{type(exc).__name__}: {exc}")
+        return classify(fields, self.what(action))
+
+    async def guarded(self, action: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await fn(*args)``, the one place a library's exceptions become asyncckpt's; the
+        upload's first failure is the one reported (:meth:`first_cause`)."""
+        try:
+            return await fn(*args)
+        except StorageError as exc:
+            raise self.first_cause(exc) from None
+        except Exception as exc:
+            if self.error_fields(exc) is None:
+                raise
+            raise self.first_cause(self.map_error(exc, action)) from None
+
+    async def blocking(self, action: str, fn: Callable[..., T], *args: Any) -> T:
+        """A blocking library call in a worker thread, behind the boundary."""
+        return await self.guarded(action, run_blocking, self.executor, fn, *args)
+
+    # -- whole-object primitives every library supplies (foreign exceptions pass through)
     @abstractmethod
-    async def _head_size(self) -> int:
-        """HEAD the published object (each backend's own call)."""
+    async def _put(self, data: bytes) -> str | None:
+        """PUT the whole object; return its ETag if the library reports it."""
+
+    @abstractmethod
+    async def _get(self, offset: int, buf: memoryview) -> int:
+        """Read ``len(buf)`` bytes at ``offset`` into ``buf`` (repeatable); return the count."""
+
+    @abstractmethod
+    async def _head(self) -> tuple[int, str | None]:
+        """(size, ETag) of the published object."""
+
+    @abstractmethod
+    async def _delete(self) -> None:
+        """Remove the object (absent is not an error)."""
+
+    # -- shared by both protocols ------------------------------------------------------
+    async def _put_small(self, started: float) -> dict[str, float]:
+        small, self._small = self._small, None
+        if small is None or len(small) != self._size:
+            raise StorageError(errno.EIO, self.what("complete") + ": object data was not written")
+        etag = await self.guarded("put", self._put, small)
+        put_s = time.perf_counter() - started
+        await self._learn_etag(etag)
+        return {"put_s": put_s}
+
+    async def _learn_etag(self, etag: str | None) -> None:
+        """Keep the published ETag; one HEAD learns it when the library does not say. The
+        object is published by now: a failed HEAD only loses the replaced-object check."""
+        self.etag = etag
+        if etag is None:
+            try:
+                await self.size()
+            except StorageError as exc:
+                log.warning("saved, but its ETag is unknown (a replaced object goes unnoticed): %s", exc)
+
+    async def _abort_quietly(self, what: str, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Abort; a failure leaves the upload listed for ``cleanup`` and is only logged."""
+        try:
+            await self.guarded("abort multipart upload of", fn, *args)
+        except StorageError as exc:
+            self.cleanup_needed = self.cleanup_needed or what
+            log.warning("could not abort %s; list_multipart_uploads shows it for cleanup: %s", what, exc)
+
+    async def read_into(self, offset: int, buf: memoryview) -> int:
+        if not len(buf) or offset >= await self.known_size():  # S3 answers 416 past the end
+            return 0
+        return await self.guarded(f"read bytes {offset}-{offset + len(buf) - 1} of", self._get, offset, buf)
 
     async def size(self) -> int:
-        self._object_size = await self._head_size()
-        return self._object_size
+        size, self.etag = await self.guarded("stat", self._head)  # a load compares the ETag
+        self._object_size = size
+        return size
+
+    async def delete(self) -> None:
+        self._object_size = None
+        await self.guarded("delete", self._delete)
 
     async def known_size(self) -> int:
         """The object size, HEADed once per sink: loads read many ranges of one object."""

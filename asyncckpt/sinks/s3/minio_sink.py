@@ -10,15 +10,14 @@ library's choice and is recorded in the result.
 
 from __future__ import annotations
 
-import errno
 import io
-import time
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..._blocking import run_blocking
-from ...errors import MissingDependencyError, StorageError
-from .common import S3SinkBase, log, storage_error
+from ...errors import MissingDependencyError
+from .common import ErrorFields
+from .core import MultipartSink
 
 try:
     import urllib3
@@ -29,8 +28,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise MissingDependencyError("minio", "minio", "backend 'minio' (s3://)") from exc
 
 
-class MinioSink(S3SinkBase):
-    """``s3://bucket/key`` through minio-py."""
+class MinioSink(MultipartSink):
+    """``s3://bucket/key`` through minio-py: each blocking call in a worker thread."""
 
     backend = "minio"
     default_in_flight = 4
@@ -59,107 +58,47 @@ class MinioSink(S3SinkBase):
             region=s.region,
             http_client=http,
         )
-        self._upload_id: str | None = None
-        self._etags: dict[int, str] = {}
-        self._small: bytes | None = None
 
-    def _map(self, exc: Exception, action: str) -> StorageError:
+    def error_fields(self, exc: Exception) -> ErrorFields | None:
         if isinstance(exc, S3Error):
-            return storage_error(
-                exc.code or "", f"{exc.code}: {exc.message}", self.what(action), self.settings
-            )
+            status = exc.response.status if exc.response is not None else None
+            return ErrorFields(exc.code or "", f"{exc.code}: {exc.message}", status)
         if isinstance(exc, urllib3.exceptions.HTTPError):
-            return storage_error(
-                "",
-                f"cannot reach the endpoint ({type(exc).__name__}: {exc})",
-                self.what(action),
-                self.settings,
-            )
-        return storage_error("", f"{type(exc).__name__}: {exc}", self.what(action), self.settings)
+            return ErrorFields(message=f"{type(exc).__name__}: {exc}", unreachable=True)
+        if isinstance(exc, (MinioException, ValueError)):
+            return ErrorFields(message=f"{type(exc).__name__}: {exc}")
+        return super().error_fields(exc)
 
-    async def _run(self, action: str, fn: Any, *args: Any) -> Any:
-        try:
-            return await run_blocking(self.executor, fn, *args)
-        except (MinioException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-            raise self.first_cause(exc if isinstance(exc, StorageError) else self._map(exc, action)) from None
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        return await run_blocking(self.executor, fn, *args)
 
-    async def open(self, size: int) -> None:
-        self.layout(size)
-        self._etags.clear()
-        self._small = None
-        if not self.single_put:
-            headers = {"Content-Type": "application/octet-stream"}
-            self._upload_id = await self._run(
-                "create multipart upload for",
-                self._client._create_multipart_upload,
-                self.bucket,
-                self.key,
-                headers,
-            )
-
-    def _upload_sync(self, number: int, body: memoryview) -> None:
-        started = time.perf_counter()
-        assert self._upload_id is not None
-        # typed as bytes, but the body only goes to hashlib and urllib3, which take any buffer
-        etag = self._client._upload_part(self.bucket, self.key, body, None, self._upload_id, number)  # type: ignore[arg-type]
-        self.record_part(started)
-        self._etags[number] = etag
-
-    async def write_part(self, offset: int, data: memoryview) -> float | None:
-        if self.single_put:
-            self._small = bytes(data)
-            return None
-        started = time.perf_counter()
-        for number, body in self.parts_of(offset, data):
-            await self._run(f"upload part {number} of", self._upload_sync, number, body)
-        return time.perf_counter() - started
-
-    async def complete(self) -> dict[str, float]:
-        started = time.perf_counter()
-        if self.single_put:
-            if self._small is None:
-                raise StorageError(errno.EIO, self.what("complete") + ": object data was not written")
-            small, self._small = self._small, None
-            result = await self._run(
-                "put", self._client.put_object, self.bucket, self.key, io.BytesIO(small), len(small)
-            )
-            self.etag = result.etag
-            return {"put_s": time.perf_counter() - started}
-        if len(self._etags) != self._nparts:
-            raise StorageError(
-                errno.EIO, self.what("complete") + f": {len(self._etags)} of {self._nparts} parts uploaded"
-            )
-        parts = [Part(n, self._etags[n]) for n in sorted(self._etags)]
-        result = await self._run(
-            "complete multipart upload of",
-            self._client._complete_multipart_upload,
-            self.bucket,
-            self.key,
-            self._upload_id,
-            parts,
+    async def _create(self) -> str:
+        headers = {"Content-Type": "application/octet-stream"}
+        upload_id: str = await self._call(
+            self._client._create_multipart_upload, self.bucket, self.key, headers
         )
-        self._upload_id = None
-        self.etag = result.etag
-        return {"complete_s": time.perf_counter() - started}
+        return upload_id
 
-    async def abort(self) -> None:
-        self._small = None
-        upload_id, self._upload_id = self._upload_id, None
-        if upload_id is None:
-            return
-        try:
-            await self._run(
-                "abort multipart upload of",
-                self._client._abort_multipart_upload,
-                self.bucket,
-                self.key,
-                upload_id,
-            )
-        except StorageError as exc:
-            self.cleanup_needed = upload_id
-            log.warning(
-                "could not abort upload %s; list_multipart_uploads shows it for cleanup: %s", upload_id, exc
-            )
+    async def _upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
+        # typed as bytes, but the body only goes to hashlib and urllib3, which take any buffer
+        etag: str = await self._call(
+            self._client._upload_part, self.bucket, self.key, body, None, upload_id, number
+        )
+        return etag
+
+    async def _complete(self, upload_id: str, parts: list[tuple[int, str]]) -> str | None:
+        listed = [Part(n, etag) for n, etag in parts]
+        result = await self._call(
+            self._client._complete_multipart_upload, self.bucket, self.key, upload_id, listed
+        )
+        return result.etag  # type: ignore[no-any-return]
+
+    async def _abort(self, upload_id: str) -> None:
+        await self._call(self._client._abort_multipart_upload, self.bucket, self.key, upload_id)
+
+    async def _put(self, data: bytes) -> str | None:
+        result = await self._call(self._client.put_object, self.bucket, self.key, io.BytesIO(data), len(data))
+        return result.etag  # type: ignore[no-any-return]
 
     def _read_sync(self, offset: int, buf: memoryview) -> int:
         response = self._client.get_object(self.bucket, self.key, offset, len(buf))
@@ -173,20 +112,16 @@ class MinioSink(S3SinkBase):
             response.close()
             response.release_conn()
 
-    async def read_into(self, offset: int, buf: memoryview) -> int:
-        if not len(buf) or offset >= await self.known_size():
-            return 0
-        result: int = await self._run("read", self._read_sync, offset, buf)
-        return result
+    async def _get(self, offset: int, buf: memoryview) -> int:
+        n: int = await self._call(self._read_sync, offset, buf)
+        return n
 
-    async def _head_size(self) -> int:
-        stat = await self._run("stat", self._client.stat_object, self.bucket, self.key)
-        self.etag = stat.etag  # the load compares it with the saved one
-        return int(stat.size)
+    async def _head(self) -> tuple[int, str | None]:
+        stat = await self._call(self._client.stat_object, self.bucket, self.key)
+        return int(stat.size), stat.etag
 
-    async def delete(self) -> None:
-        self._object_size = None
-        await self._run("delete", self._client.remove_object, self.bucket, self.key)
+    async def _delete(self) -> None:
+        await self._call(self._client.remove_object, self.bucket, self.key)
 
     async def aclose(self) -> None:
         await self.abort()

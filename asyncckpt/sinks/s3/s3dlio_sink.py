@@ -1,7 +1,7 @@
 """s3dlio (Rust/Tokio): a streaming ``MultipartUploadWriter`` fed in offset order.
 
-The writer appends, so concurrent ``write_part`` calls are admitted strictly by offset
-(:class:`InOrder`); its own ``max_in_flight`` window uploads parts concurrently. Each chunk
+The writer appends (:class:`AppendSink` admits writes in offset order); its own
+``max_in_flight`` window uploads parts concurrently. Each chunk
 is copied once into memory the writer owns (``reserve()`` → fill → ``commit()``), because
 ``write()`` *borrows* a buffer until ``close()`` and the pool reuses buffers long before
 that (reusing one raises ``BufferError`` in s3dlio 0.10). Every call blocks, so each runs
@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import errno
 import math
-import re
 import threading
-import time
 from typing import Any
 
 from ..._blocking import run_blocking
 from ...errors import ConfigError, MissingDependencyError, StorageError
-from .common import InOrder, S3SinkBase, export_to_environment, log, storage_error
+from .common import ErrorFields, export_to_environment, fields_from_text, log, storage_error
+from .core import AppendSink
 from .sigv4 import error_code, error_message, request_with_settings
 
 try:
@@ -64,10 +63,7 @@ def _configure(sink: S3dlioSink) -> None:
             )
 
 
-_DENIED_NAMES = ("AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch")
-
-
-class S3dlioSink(S3SinkBase):
+class S3dlioSink(AppendSink):
     """``s3://bucket/key`` through s3dlio."""
 
     backend = "s3dlio"
@@ -75,139 +71,65 @@ class S3dlioSink(S3SinkBase):
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
-        self._writer: Any = None
-        self._order = InOrder()
-        self._small: bytes | None = None
         self._parts = 0
 
-    def _map(self, exc: BaseException, action: str) -> StorageError:
-        text = str(exc)
-        code = text
-        # names first, then whole-word status codes: a request id such as "…f403a…" in the
-        # message must not turn a missing object into a permission error
-        if any(n in text for n in ("NotFound", "NoSuchKey", "NoSuchBucket")) or "not found" in text.lower():
-            code = "NotFound"
-        elif any(
-            n in text for n in ("AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch")
-        ):
-            code = "AccessDenied"
-        elif re.search(r"\b404\b", text):
-            code = "NotFound"
-        elif re.search(r"\b403\b", text):
-            code = "AccessDenied"
-        elif "connect" in text.lower() or "dispatch failure" in text.lower():
-            return storage_error(
-                "",
-                f"cannot reach the endpoint ({type(exc).__name__}: {text})",
-                self.what(action),
-                self.settings,
-            )
-        return storage_error(code, f"{type(exc).__name__}: {text}", self.what(action), self.settings)
+    def error_fields(self, exc: Exception) -> ErrorFields | None:
+        if isinstance(exc, (ConfigError, BufferError)):
+            return None  # asyncckpt's own refusal, or a misuse of s3dlio's buffers: not storage
+        return fields_from_text(exc, unreachable_markers=("connect", "dispatch failure"))
 
-    async def _run(self, action: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await run_blocking(self.executor, lambda: fn(*args, **kwargs))
-        except StorageError as exc:
-            raise self.first_cause(exc) from None
-        except Exception as exc:
-            if isinstance(exc, (ConfigError, BufferError)):
-                raise
-            raise self.first_cause(self._map(exc, action)) from None
-
-    async def open(self, size: int) -> None:
-        self.layout(size)
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         _configure(self)
-        self._order = InOrder()
-        self._small = None
-        if not self.single_put:
-            self._writer = await self._run(
-                "create multipart upload for",
-                s3dlio.MultipartUploadWriter.from_uri,
-                self.uri,
-                part_size=self.part_size,
-                max_in_flight=self.settings.max_in_flight,
-                abort_on_drop=True,
-            )
+        return await run_blocking(self.executor, lambda: fn(*args, **kwargs))
 
-    def _append_sync(self, data: memoryview) -> float:
-        started = time.perf_counter()
-        view = self._writer.reserve(len(data))
+    async def _open_stream(self) -> Any:
+        return await self._call(
+            s3dlio.MultipartUploadWriter.from_uri,
+            self.uri,
+            part_size=self.part_size,
+            max_in_flight=self.settings.max_in_flight,
+            abort_on_drop=True,
+        )
+
+    def _append(self, data: memoryview) -> None:
+        view = self._stream.reserve(len(data))
         view[:] = data  # the one copy: the pool's buffer is free once this returns
-        self._writer.commit(len(data))
+        self._stream.commit(len(data))
         view.release()
-        return time.perf_counter() - started
 
-    async def write_part(self, offset: int, data: memoryview) -> float | None:
-        if self.single_put:
-            self._small = bytes(data)
-            return None
-        await self._order.wait(offset)
-        try:
-            elapsed: float = await self._run(f"write at offset {offset} of", self._append_sync, data)
-        finally:
-            await self._order.advance(len(data))  # on failure the whole save aborts anyway
-        self.part_latency.append(elapsed)
-        return elapsed
-
-    async def complete(self) -> dict[str, float]:
-        started = time.perf_counter()
-        if self.single_put:
-            if self._small is None:
-                raise StorageError(errno.EIO, self.what("complete") + ": object data was not written")
-            small, self._small = self._small, None
-            await self._run("put", s3dlio.put_bytes, self.uri, small)
-            put_s = time.perf_counter() - started
-            self.etag = (await self._run("stat", s3dlio.stat, self.uri)).get("etag")  # put returns none
-            return {"put_s": put_s}
-        if self._order.next != self._size:
-            raise StorageError(
-                errno.EIO, self.what("complete") + f": {self._order.next} of {self._size} B written"
-            )
-        writer, self._writer = self._writer, None
-        info = await self._run("complete multipart upload of", writer.close)
-        self.etag = info.get("etag")
+    async def _close_stream(self) -> str | None:
+        writer, self._stream = self._stream, None
+        info = await self._call(writer.close)
         self._parts = int(info.get("parts", 0))
-        return {"complete_s": time.perf_counter() - started}
+        return info.get("etag")  # type: ignore[no-any-return]
 
-    async def abort(self) -> None:
-        self._small = None
-        writer, self._writer = self._writer, None
-        if writer is None:
-            return
-        try:
-            await self._run("abort multipart upload of", writer.abort)
-        except StorageError as exc:
-            self.cleanup_needed = "unknown upload id (s3dlio)"
-            log.warning(
-                "could not abort the s3dlio upload; list_multipart_uploads shows it for cleanup: %s", exc
-            )
+    async def _drop_stream(self) -> None:
+        writer, self._stream = self._stream, None
+        await self._call(writer.abort)
 
-    async def read_into(self, offset: int, buf: memoryview) -> int:
-        if not len(buf) or offset >= await self.known_size():
-            return 0
-        _configure(self)
-        data = await self._run("read", s3dlio.get_range, self.uri, offset, len(buf))
+    async def _put(self, data: bytes) -> str | None:
+        await self._call(s3dlio.put_bytes, self.uri, data)
+        return None  # s3dlio's put returns no ETag: one HEAD learns it
+
+    async def _get(self, offset: int, buf: memoryview) -> int:
+        data = await self._call(s3dlio.get_range, self.uri, offset, len(buf))
         view = memoryview(data).cast("B")
         buf[: len(view)] = view
         return len(view)
 
-    async def _head_size(self) -> int:
-        _configure(self)
-        info = await self._run("stat", s3dlio.stat, self.uri)
-        self.etag = info.get("etag")  # a load compares it with the manifest's
-        return int(info["size"])
+    async def _head(self) -> tuple[int, str | None]:
+        info = await self._call(s3dlio.stat, self.uri)
+        return int(info["size"]), info.get("etag")
 
-    async def delete(self) -> None:
-        self._object_size = None
-        _configure(self)
+    async def _delete(self) -> None:
         endpoint = self.settings.endpoint_url
         if endpoint not in _NEEDS_PLAIN_DELETE:
             try:
-                await run_blocking(self.executor, s3dlio.delete, self.uri)
+                await self._call(s3dlio.delete, self.uri)
                 return
             except Exception as exc:
                 if "Content-MD5" not in str(exc):
-                    raise self._map(exc, "delete") from None
+                    raise
                 # s3dlio 0.10 deletes through DeleteObjects without Content-MD5; stores that
                 # follow the S3 spec strictly (OpenStack Swift) refuse it: one plain DELETE works
                 log.info(

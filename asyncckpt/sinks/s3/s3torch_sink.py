@@ -2,7 +2,7 @@
 
 ``put_object`` returns an append-only stream that the CRT uploads as a multipart upload of
 ``part_size`` parts and completes at ``close()``; dropping it unclosed aborts. Writes are
-admitted in offset order (:class:`InOrder`); the binding accepts only ``bytes``, so each
+admitted in offset order (:class:`AppendSink`); the binding accepts only ``bytes``, so each
 chunk is copied once and the pool's buffer is free when ``write_part`` returns. The CRT
 reads credentials from the environment, so the resolved settings are exported there (see
 :func:`export_to_environment`). Objects below one part still go through the stream: the
@@ -12,17 +12,17 @@ library exposes no single PUT.
 from __future__ import annotations
 
 import asyncio
-import errno
 import time
 from typing import Any
 
 from ..._blocking import run_blocking
-from ...errors import MissingDependencyError, StorageError
-from .common import InOrder, S3SinkBase, export_to_environment, log, storage_error
+from ...errors import AsyncCkptError, MissingDependencyError
+from .common import ErrorFields, export_to_environment, fields_from_text, log
+from .core import AppendSink
 from .sigv4 import upload_ids
 
 try:
-    from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client, S3Exception
+    from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise MissingDependencyError(
         "s3torchconnectorclient", "s3torchconnector", "backend 's3torchconnector' (s3://)"
@@ -39,17 +39,16 @@ LOST_CAUSE_HINT = (
 )
 
 
-class S3TorchSink(S3SinkBase):
+class S3TorchSink(AppendSink):
     """``s3://bucket/key`` through ``MountpointS3Client``."""
 
     backend = "s3torchconnector"
     default_in_flight = 2
+    has_put = False  # the binding has no single PUT: small objects go through the stream
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
         self._client: Any = None
-        self._stream: Any = None
-        self._order = InOrder()
 
     def _s3(self) -> Any:
         if self._client is None:
@@ -65,68 +64,30 @@ class S3TorchSink(S3SinkBase):
             )
         return self._client
 
-    def _map(self, exc: BaseException, action: str) -> StorageError:
-        text = str(exc)
-        low = text.lower()
-        if any(m in text for m in LOST_CAUSE_MARKERS):
-            text += LOST_CAUSE_HINT
-        code = text
-        if "403" in text or "forbidden" in low or "access denied" in low or "signature" in low:
-            code = "AccessDenied"
-        elif "nosuchbucket" in low or "no such bucket" in low or "not found" in low or "404" in text:
-            code = "NotFound"
-        elif "connect" in low or "io error" in low:
-            return storage_error("", f"cannot reach the endpoint ({text})", self.what(action), self.settings)
-        return storage_error(code, f"{type(exc).__name__}: {text}", self.what(action), self.settings)
+    def error_fields(self, exc: Exception) -> ErrorFields | None:
+        if isinstance(exc, AsyncCkptError):
+            return None  # asyncckpt's own
+        fields = fields_from_text(exc, unreachable_markers=("connect", "io error"))
+        if any(m in str(exc) for m in LOST_CAUSE_MARKERS):
+            return ErrorFields(fields.code, fields.message + LOST_CAUSE_HINT, fields.status)
+        return fields
 
-    async def _run(self, action: str, fn: Any, *args: Any) -> Any:
-        try:
-            return await run_blocking(self.executor, fn, *args)
-        except (S3Exception, OSError, ValueError) as exc:
-            raise self.first_cause(exc if isinstance(exc, StorageError) else self._map(exc, action)) from None
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        return await run_blocking(self.executor, fn, *args)
 
-    async def open(self, size: int) -> None:
-        self.layout(size)
-        self._order = InOrder()
-        self._stream = await self._run(
-            "start upload of", lambda: self._s3().put_object(self.bucket, self.key)
-        )
+    async def _open_stream(self) -> Any:
+        return await self._call(lambda: self._s3().put_object(self.bucket, self.key))
 
-    def _write_sync(self, data: memoryview) -> float:
-        started = time.perf_counter()
+    def _append(self, data: memoryview) -> None:
         self._stream.write(bytes(data))  # the binding takes only bytes: one copy
-        return time.perf_counter() - started
 
-    async def write_part(self, offset: int, data: memoryview) -> float | None:
-        await self._order.wait(offset)
-        try:
-            elapsed: float = await self._run(f"write at offset {offset} of", self._write_sync, data)
-        finally:
-            await self._order.advance(len(data))
-        self.part_latency.append(elapsed)
-        return elapsed
-
-    async def complete(self) -> dict[str, float]:
-        started = time.perf_counter()
-        if self._order.next != self._size:
-            raise StorageError(
-                errno.EIO, self.what("complete") + f": {self._order.next} of {self._size} B written"
-            )
+    async def _close_stream(self) -> str | None:
         stream, self._stream = self._stream, None
-        await self._run("complete upload of", stream.close)
-        # close() returns no ETag; one HEAD learns it, so a load can tell a replaced object. The
-        # object is published by now: a failed HEAD only loses that check, not the save
-        try:
-            await self.size()
-        except StorageError as exc:
-            log.warning("saved, but its ETag is unknown (a replaced object goes unnoticed): %s", exc)
-        return {"complete_s": time.perf_counter() - started}
+        await self._call(stream.close)
+        return None  # close() returns no ETag: one HEAD learns it
 
-    async def abort(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is None:
-            return
-        del stream  # the last reference: Mountpoint aborts an unclosed upload when dropped
+    async def _drop_stream(self) -> None:
+        self._stream = None  # the last reference: Mountpoint aborts an unclosed upload when dropped
         await self._wait_aborted()
 
     async def _wait_aborted(self) -> None:
@@ -162,6 +123,9 @@ class S3TorchSink(S3SinkBase):
             await asyncio.sleep(delay)  # polling the server's state, bounded by the deadline
             delay = min(delay * 2, 0.5)
 
+    async def _put(self, data: bytes) -> str | None:  # pragma: no cover - has_put is False
+        raise NotImplementedError("Mountpoint's binding has no single PUT")
+
     def _read_sync(self, offset: int, buf: memoryview) -> int:
         n = 0
         for piece in self._s3().get_object(self.bucket, self.key, offset, offset + len(buf)):
@@ -170,20 +134,16 @@ class S3TorchSink(S3SinkBase):
             n += take
         return n
 
-    async def read_into(self, offset: int, buf: memoryview) -> int:
-        if not len(buf) or offset >= await self.known_size():
-            return 0
-        result: int = await self._run("read", self._read_sync, offset, buf)
-        return result
+    async def _get(self, offset: int, buf: memoryview) -> int:
+        n: int = await self._call(self._read_sync, offset, buf)
+        return n
 
-    async def _head_size(self) -> int:
-        info = await self._run("stat", lambda: self._s3().head_object(self.bucket, self.key))
-        self.etag = info.etag
-        return int(info.size)
+    async def _head(self) -> tuple[int, str | None]:
+        info = await self._call(lambda: self._s3().head_object(self.bucket, self.key))
+        return int(info.size), info.etag
 
-    async def delete(self) -> None:
-        self._object_size = None
-        await self._run("delete", lambda: self._s3().delete_object(self.bucket, self.key))
+    async def _delete(self) -> None:
+        await self._call(lambda: self._s3().delete_object(self.bucket, self.key))
 
     async def aclose(self) -> None:
         await self.abort()
