@@ -8,6 +8,7 @@ a load reads and consumes (verification + the caller). Plain data only; no forma
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Self
@@ -51,7 +52,7 @@ class RunMetadata(RunSetup):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunResult:
+class RunResult(ABC):
     """The fields and figures every result has. Bytes, seconds, bytes/second."""
 
     operation: ClassVar[str]
@@ -75,14 +76,14 @@ class RunResult:
     metadata: RunMetadata
 
     @property
+    @abstractmethod
     def storage_s(self) -> float:
         """Wall time with at least one storage call in flight."""
-        raise NotImplementedError
 
     @property
+    @abstractmethod
     def work_s(self) -> float:
         """The other side of the pipeline: generation (saves) or the consumer (loads)."""
-        raise NotImplementedError
 
     @property
     def throughput_bps(self) -> float:
