@@ -25,7 +25,8 @@ from .errors import (
     UnsupportedSchemeError,
     WriterProcessError,
 )
-from .metrics import ChunkRecord, RunMetadata, SaveResult
+from .metrics import ChunkRecord, ReadRecord
+from .results import LoadResult, RunMetadata, SaveResult
 from .secrets import Secret
 from .units import GiB, KiB, MiB, parse_size
 
@@ -42,11 +43,13 @@ __all__ = [
     "GiB",
     "IntegrityError",
     "KiB",
+    "LoadResult",
     "ManifestError",
     "ManifestMissingError",
     "MiB",
     "MissingDependencyError",
     "NoSpaceError",
+    "ReadRecord",
     "RunMetadata",
     "SaveResult",
     "Secret",

@@ -17,11 +17,12 @@ from .isolation import SharedBufferPool, resolve_policy
 from .isolation.process_sink import ProcessSink
 from .load_api import LoadsMixin
 from .manifest import manifest_uri
-from .metrics import RunMetadata, SaveResult, label_chunks, summarize_records
+from .metrics import label_chunks
 from .monitor import LoopMonitor, now
 from .pipeline import PipelineTimes, ProgressFn, stream, write_preallocated
 from .pool import BufferPool
-from .runinfo import run_facts
+from .results import RunSetup, SaveResult
+from .runinfo import run_fields
 from .seal import sealer_for
 from .sinks import SinkOptions, make_sink, resolve_backend
 from .sinks.base import Sink
@@ -301,11 +302,10 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         close_detail: dict[str, float],
     ) -> SaveResult:
         recs = times.records
-        counts = label_chunks(recs, in_flight)
         src, snk = source.describe(), sink.describe()
         snk.setdefault("isolation", "none")
-        cfg, budget = self.config, self._budget
-        meta = RunMetadata(
+        cfg = self.config
+        setup = RunSetup(
             backend=sink.backend,
             uri=sink.uri,
             chunk_size=cfg.chunk_size,
@@ -315,23 +315,21 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
             generator=src.get("generator", "?"),
             seed=src.get("seed"),
             gen_threads=src.get("gen_threads"),
-            gen_threads_requested=src.get("gen_threads_requested", budget.threads),
+            gen_threads_requested=src.get("gen_threads_requested", self._budget.threads),
             fsync=cfg.fsync,
-            **run_facts(budget, snk),
         )
-        return SaveResult(
-            operation="save",
+        run = run_fields(
+            setup,
+            self._budget,
+            snk,
+            monitor,
+            recs,
+            label_chunks(recs, in_flight),
             method=method,
-            size_bytes=size,
-            wall_s=wall_s,
+            size=size,
             open_s=open_s,
-            gen_s=gen_s,
             close_s=close_s,
+            wall_s=wall_s,
             close_detail=close_detail,
-            bottleneck_counts=counts,
-            loop_lag_s=monitor.lag(),
-            peak_rss_bytes=monitor.peak_rss,
-            baseline_rss_bytes=monitor.baseline_rss,
-            metadata=meta,
-            **summarize_records(recs),
         )
+        return SaveResult.from_records(recs, gen_s=gen_s, **run)

@@ -34,8 +34,8 @@ SINGLE_METRICS = (
     Metric("throughput_bps", "throughput (end to end)", "GB/s", True),
     Metric("wall_s", "duration", "s", False),
     Metric("io_bps", "I/O rate", "GB/s", True),
-    Metric("write_p50", "write/read latency p50", "ms", False),
-    Metric("write_p99", "write/read latency p99", "ms", False),
+    Metric("io_p50", "write/read latency p50", "ms", False),
+    Metric("io_p99", "write/read latency p99", "ms", False),
     Metric("lag_p99", "event-loop lag p99", "ms", False),
     Metric("rss_delta", "memory growth", "MiB", False),
 )
@@ -48,19 +48,18 @@ MPI_METRICS = (
 
 
 def _single_values(r: Mapping[str, Any]) -> dict[str, float | None]:
+    """One result's figures; a load's I/O side is its reads (rate while a read was in flight)."""
+    load = r["operation"] == "load"
+    latency = r["read_latency_s" if load else "write_latency_s"]
     return {
         "throughput_bps": r["throughput_bps"],
         "wall_s": r["wall_s"],
-        "io_bps": r["io_bps"] if r["operation"] == "save" else _read_rate(r),
-        "write_p50": r["write_latency_s"]["p50"],
-        "write_p99": r["write_latency_s"]["p99"],
+        "io_bps": r["read_bps" if load else "io_bps"],
+        "io_p50": latency["p50"],
+        "io_p99": latency["p99"],
         "lag_p99": r["loop_lag_s"]["p99"],
         "rss_delta": r["peak_rss_bytes"] - r["baseline_rss_bytes"],
     }
-
-
-def _read_rate(r: Mapping[str, Any]) -> float | None:
-    return r["size_bytes"] / r["write_s"] if r["write_s"] > 0 else None
 
 
 def samples(doc: Mapping[str, Any]) -> dict[str, dict[str, list[float]]]:

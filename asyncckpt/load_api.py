@@ -6,29 +6,26 @@ object's size against it before any data is read, then streams verified views.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Literal
 
 from ._blocking import run_blocking
-from .config import ALIGN, CheckpointConfig
+from .config import ALIGN
 from .errors import ConfigError, IntegrityError, TargetNotFoundError
+from .host import CheckpointerCore
 from .isolation import SharedBufferPool
 from .isolation.process_sink import ProcessSink
 from .loader import LoadState, check_size, identity_note, label_loads, stream_views, verify_mode
 from .manifest import manifest_uri, read_manifest
-from .metrics import RunMetadata, SaveResult, summarize_records
 from .monitor import LoopMonitor, now
-from .pool import BufferPool
-from .runinfo import run_facts
+from .results import LoadResult, RunSetup
+from .runinfo import run_fields
 from .seal import read_sealed
 from .sinks.base import Sink
 from .state.header import state_manifest
-from .topology import ThreadBudget
 from .verify import Verifier, make_verifier
 from .watchdog import unwrap
 
@@ -64,11 +61,10 @@ class LoadStream:
         await self._gen.aclose()
 
     @property
-    def result(self) -> SaveResult:
+    def result(self) -> LoadResult:
         if self._state.result is None:
             raise RuntimeError("the load has not finished: consume every view first")
-        result: SaveResult = self._state.result
-        return result
+        return self._state.result
 
 
 def _writable(into: object) -> memoryview:
@@ -85,21 +81,8 @@ def _copy(dst: memoryview, src: memoryview) -> None:
     dst[:] = src
 
 
-class LoadsMixin:
-    """Load methods; the host class provides the pool, executor, lock and sink factory."""
-
-    config: CheckpointConfig
-    _budget: ThreadBudget
-    _lock: asyncio.Lock
-
-    def _sink(self, uri: str) -> Sink:
-        raise NotImplementedError
-
-    def _ensure_executor(self) -> ThreadPoolExecutor:
-        raise NotImplementedError
-
-    async def _ensure_pool(self, shared: bool = False) -> BufferPool:
-        raise NotImplementedError
+class LoadsMixin(CheckpointerCore):
+    """Load methods; the host implements :class:`CheckpointerCore` (pool, executor, lock, sinks)."""
 
     async def probe(self, uri: str | os.PathLike[str]) -> Found:
         """What is at ``uri``: nothing, an asyncckpt checkpoint (sealed, or with the sidecar
@@ -140,7 +123,7 @@ class LoadsMixin:
         into: Any = None,
         defeat_cache: bool = True,
         progress: ProgressFn | None = None,
-    ) -> SaveResult:
+    ) -> LoadResult:
         """Read a checkpoint back (verified against its manifest) and return what it measured.
 
         ``verify``: True/"checksum" (CRC32C per chunk), "regenerate" (synthetic data, byte by
@@ -278,11 +261,10 @@ class LoadsMixin:
 
     def _load_result(
         self, state: LoadState, readers: int, monitor: LoopMonitor, t0: float, t_close: float, t_end: float
-    ) -> SaveResult:
-        recs, m, facts = state.times.records, state.manifest, dict(state.sink_facts)
+    ) -> LoadResult:
+        recs, m, facts = state.records, state.manifest, dict(state.sink_facts)
         assert m is not None
-        counts = label_loads(recs, readers)
-        budget = self._budget
+        threads = self._budget.threads if state.verify_mode == "regenerate" else None
         facts.update(
             verify=state.verify_mode,
             num_readers=readers,
@@ -292,7 +274,7 @@ class LoadsMixin:
         )
         if state.identity_note:
             facts["identity_note"] = state.identity_note
-        meta = RunMetadata(
+        setup = RunSetup(
             backend=state.backend,
             uri=state.uri,
             chunk_size=recs[0].nbytes if len(recs) > 1 else max((r.nbytes for r in recs), default=0),
@@ -301,24 +283,22 @@ class LoadsMixin:
             max_in_flight=readers,
             generator=m.generator,
             seed=m.seed,
-            gen_threads=budget.threads if state.verify_mode == "regenerate" else None,
-            gen_threads_requested=budget.threads if state.verify_mode == "regenerate" else None,
+            gen_threads=threads,
+            gen_threads_requested=threads,
             fsync=False,
-            **run_facts(budget, facts),
         )
-        return SaveResult(
-            operation="load",
+        run = run_fields(
+            setup,
+            self._budget,
+            facts,
+            monitor,
+            recs,
+            label_loads(recs, readers),
             method="streaming",
-            size_bytes=state.size,
-            wall_s=t_end - t0,
+            size=state.size,
             open_s=state.open_s,
-            gen_s=sum(r.fill_s for r in recs),
             close_s=t_end - t_close,
+            wall_s=t_end - t0,
             close_detail={},
-            bottleneck_counts=counts,
-            loop_lag_s=monitor.lag(),
-            peak_rss_bytes=monitor.peak_rss,
-            baseline_rss_bytes=monitor.baseline_rss,
-            metadata=meta,
-            **summarize_records(recs),
         )
+        return LoadResult.from_records(recs, **run)

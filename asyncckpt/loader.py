@@ -20,10 +20,10 @@ from typing import Any
 from ._blocking import run_blocking
 from .errors import ChecksumMismatchError, ConfigError, ManifestError, TargetNotFoundError, TruncatedError
 from .manifest import Manifest, object_name
-from .metrics import CONSUMER, IO, ChunkRecord
+from .metrics import CONSUMER, IO, ReadRecord
 from .monitor import now
-from .pipeline import PipelineTimes
 from .pool import BufferPool, PoolBuffer, close_mapping
+from .results import LoadResult
 from .sinks.base import Sink
 from .verify import SYNTHETIC, Mismatch, RegenerateVerifier, Verifier
 
@@ -48,12 +48,12 @@ class LoadState:
     manifest: Manifest | None = None
     size: int = 0
     open_s: float = 0.0
-    times: PipelineTimes = field(default_factory=PipelineTimes)
+    records: list[ReadRecord] = field(default_factory=list)
     verify_mode: str = "none"
     regen_s: float = 0.0
     identity_note: str = ""
     sink_facts: dict[str, Any] = field(default_factory=dict)
-    result: Any = None  # the SaveResult once the last view was consumed
+    result: LoadResult | None = None  # once the last view was consumed
 
 
 def identity_note(manifest: Manifest, facts: dict[str, Any], uri: str) -> str:
@@ -116,11 +116,11 @@ class OrderedReader:
     ) -> None:
         self.sink, self.pool, self.size, self.read_chunk, self.uri = sink, pool, size, read_chunk, uri
         self._slots = asyncio.Semaphore(num_readers)
-        self._queue: asyncio.Queue[tuple[PoolBuffer, ChunkRecord, asyncio.Task[None]] | Exception | None]
+        self._queue: asyncio.Queue[tuple[PoolBuffer, ReadRecord, asyncio.Task[None]] | Exception | None]
         self._queue = asyncio.Queue()
         self._held: set[PoolBuffer] = set()
         self._tasks: list[asyncio.Task[None]] = []
-        self.records: list[ChunkRecord] = []
+        self.records: list[ReadRecord] = []
         self._dispatcher = asyncio.create_task(self._dispatch(), name="asyncckpt-read-dispatch")
 
     async def _dispatch(self) -> None:
@@ -136,7 +136,7 @@ class OrderedReader:
             t0 = now()
             buf = await self.pool.acquire()
             self._held.add(buf)
-            rec = ChunkRecord(index, offset, min(self.read_chunk, self.size - offset), t_acquire=t0)
+            rec = ReadRecord(index, offset, min(self.read_chunk, self.size - offset), t_acquire=t0)
             rec.wait_free_s = now() - t0
             await self._slots.acquire()
             task = asyncio.create_task(self._read(buf, rec), name=f"asyncckpt-read-{index}")
@@ -144,9 +144,9 @@ class OrderedReader:
             self.records.append(rec)
             self._queue.put_nowait((buf, rec, task))
 
-    async def _read(self, buf: PoolBuffer, rec: ChunkRecord) -> None:
+    async def _read(self, buf: PoolBuffer, rec: ReadRecord) -> None:
         try:
-            rec.t_write_start = now()
+            rec.t_read_start = now()
             got = 0
             while got < rec.nbytes:  # a short read is retried; zero bytes means the object shrank
                 n = await self.sink.read_into(rec.offset + got, buf.view[got : rec.nbytes])
@@ -157,12 +157,12 @@ class OrderedReader:
                         offset=rec.offset + got,
                     )
                 got += n
-            rec.t_write_end = now()
-            rec.write_s = rec.t_write_end - rec.t_write_start
+            rec.t_read_end = now()
+            rec.read_s = rec.t_read_end - rec.t_read_start
         finally:
             self._slots.release()
 
-    async def next(self) -> tuple[PoolBuffer, ChunkRecord] | None:
+    async def next(self) -> tuple[PoolBuffer, ReadRecord] | None:
         """The next chunk in object order, once its read completed (None at the end)."""
         item = await self._queue.get()
         if item is None:
@@ -265,7 +265,6 @@ async def stream_views(
     reader = OrderedReader(
         sink, pool, size=state.size, read_chunk=read_chunk, num_readers=num_readers, uri=uri
     )
-    state.times.start = now()
     try:
         while (item := await reader.next()) is not None:
             buf, rec = item
@@ -277,7 +276,7 @@ async def stream_views(
                     bad = await pinpoint(bad, manifest, sink, executor, threads=threads)
                     raise mismatch_error(bad, manifest, uri, verifier.mode, state.identity_note)
             yield view
-            rec.fill_s = now() - t0  # consumer time: verification + the caller
+            rec.consume_s = now() - t0  # verification + the caller
             with contextlib.suppress(BufferError):  # exported (e.g. to NumPy): cannot enforce
                 view.release()  # a view kept past its turn raises instead of showing new bytes
             reader.release(buf)
@@ -287,14 +286,13 @@ async def stream_views(
             await run_blocking(executor, verifier.finish_sync)
     finally:
         await reader.aclose()
-        state.times.records = reader.records
-        state.times.end = now()
+        state.records = reader.records
 
 
-def label_loads(records: list[ChunkRecord], readers: int) -> dict[str, int]:
+def label_loads(records: list[ReadRecord], readers: int) -> dict[str, int]:
     """I/O-bound unless the consumer (verify + caller) took longer than the reads deliver."""
     counts = {IO: 0, CONSUMER: 0}
     for rec in records:
-        rec.bottleneck = CONSUMER if rec.fill_s > rec.write_s / readers else IO
+        rec.bottleneck = CONSUMER if rec.consume_s > rec.read_s / readers else IO
         counts[rec.bottleneck] += 1
     return counts

@@ -42,22 +42,34 @@ def _stamps(recs: Sequence[Mapping[str, Any]]) -> float:
     return min(float(rec["t_acquire"]) for rec in recs)
 
 
+#: per-chunk keys of each side's work, storage call, its stamps and the CRC32C beside it
+_KEYS = {
+    "save": dict(work="fill_s", io="write_s", start="t_write_start", end="t_write_end", crc="checksum_s"),
+    "load": dict(work="consume_s", io="read_s", start="t_read_start", end="t_read_end", crc="verify_s"),
+}
+#: the same, summed over a result
+_TOTALS = {
+    "save": {"work": "gen_s", "storage": "write_s"},
+    "load": {"work": "consume_s", "storage": "read_s"},
+}
+
+
 def timeline(plt: Any, r: Mapping[str, Any], i: int) -> Any:
     """Per chunk: waiting for a buffer, filling, queued, writing, checksumming: where the
     pipeline overlapped and where it stalled."""
-    recs, t0 = r["records"], _stamps(r["records"])
+    recs, t0, k = r["records"], _stamps(r["records"]), _KEYS[r["operation"]]
     fig, ax = plt.subplots(figsize=(10, max(3.0, min(12.0, 0.12 * len(recs) + 2))))
     spans: dict[str, list[tuple[float, float]]] = {k: [] for k in ("wait", "fill", "queued", "io", "crc")}
     ys = []
     for rec in recs:
         start = rec["t_acquire"] - t0
         fill0 = start + rec["wait_free_s"]
-        ws, we = rec["t_write_start"] - t0, rec["t_write_end"] - t0
+        ws, we, work = rec[k["start"]] - t0, rec[k["end"]] - t0, rec[k["work"]]
         spans["wait"].append((start, rec["wait_free_s"]))
-        spans["fill"].append((fill0, rec["fill_s"]))
-        spans["queued"].append((fill0 + rec["fill_s"], max(0.0, ws - fill0 - rec["fill_s"])))
+        spans["fill"].append((fill0, work))
+        spans["queued"].append((fill0 + work, max(0.0, ws - fill0 - work)))
         spans["io"].append((ws, we - ws))
-        spans["crc"].append((ws, rec["checksum_s"] or rec["verify_s"]))
+        spans["crc"].append((ws, rec[k["crc"]]))
         ys.append(rec["index"])
     load = r["operation"] == "load"
     style = {
@@ -82,8 +94,8 @@ def timeline(plt: Any, r: Mapping[str, Any], i: int) -> Any:
 
 def throughput(plt: Any, r: Mapping[str, Any], i: int) -> Any:
     """Bytes completed per time window: stalls and ramp-up that a mean hides."""
-    recs, t0 = r["records"], _stamps(r["records"])
-    ends = sorted((rec["t_write_end"] - t0, rec["nbytes"]) for rec in recs)
+    recs, t0, end = r["records"], _stamps(r["records"]), _KEYS[r["operation"]]["end"]
+    ends = sorted((rec[end] - t0, rec["nbytes"]) for rec in recs)
     span = max(ends[-1][0], 1e-9)
     bins = max(1, min(50, len(ends) // 2))
     width = span / bins
@@ -103,7 +115,7 @@ def throughput(plt: Any, r: Mapping[str, Any], i: int) -> Any:
 
 def latency(plt: Any, r: Mapping[str, Any], i: int) -> Any:
     """Write (or read) latency per chunk: histogram and CDF, p50 and p99 marked."""
-    values = [rec["write_s"] * 1e3 for rec in r["records"]]
+    values = [rec[_KEYS[r["operation"]]["io"]] * 1e3 for rec in r["records"]]
     pct = percentiles(values)
     fig, (h, c) = plt.subplots(1, 2, figsize=(10, 3.5))
     h.hist(values, bins=min(50, max(5, len(values) // 2)), color="#ff7f0e")
@@ -124,16 +136,17 @@ def waits(plt: Any, doc: Doc) -> Any:
     """Where each run's time went: work on each side and each side's waiting."""
     rs = doc["results"]
     parts = (
-        ("gen_s", "generation / consumer", "#1f77b4"),
-        ("write_s", "storage busy", "#ff7f0e"),
+        ("work", "generation / consumer", "#1f77b4"),
+        ("storage", "storage busy", "#ff7f0e"),
         ("close_s", "close", "#9467bd"),
         ("wait_free_s", "producer waited for buffers", "#bbbbbb"),
-        ("wait_data_s", "writers waited for data", "#d62728"),
+        ("wait_data_s", "writers waited for data / consumer for reads", "#d62728"),
     )
     fig, ax = plt.subplots(figsize=(10, max(2.5, 0.5 * len(rs) + 1.5)))
     labels = [f"#{k + 1} {r['operation']} {r['method']}" for k, r in enumerate(rs)]
     for j, (key, label, color) in enumerate(parts):
-        ax.barh([y + j * 0.15 for y in range(len(rs))], [r[key] for r in rs], 0.15, label=label, color=color)
+        values = [r[_TOTALS[r["operation"]].get(key, key)] for r in rs]
+        ax.barh([y + j * 0.15 for y in range(len(rs))], values, 0.15, label=label, color=color)
     ax.set_yticks([y + 0.3 for y in range(len(rs))], labels)
     ax.invert_yaxis()
     ax.set_xlabel("seconds (waits summed over chunks)")

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
-from .metrics import SaveResult
+from .results import LoadResult, Result, RunResult, SaveResult
 
 RULE = "=" * 78
 
@@ -32,10 +32,16 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
 
-def format_result(r: SaveResult) -> str:
+def format_result(r: RunResult) -> str:
     """The results block of one save or load."""
-    if r.operation == "load":
+    if isinstance(r, LoadResult):
         return format_load(r)
+    assert isinstance(r, SaveResult)
+    return format_save(r)
+
+
+def format_save(r: SaveResult) -> str:
+    """The results block of one save: generation, checksums and writes kept apart."""
     m = r.metadata
     d = r.to_dict()
     counts = " / ".join(f"{k} {v:,}" for k, v in r.bottleneck_counts.items())
@@ -75,11 +81,11 @@ def format_result(r: SaveResult) -> str:
     return "\n".join(lines + format_endpoints(m.extra))
 
 
-def format_load(r: SaveResult) -> str:
+def format_load(r: LoadResult) -> str:
     """The results block of one load: reads, verification and the caller kept apart."""
     m, d, x = r.metadata, r.to_dict(), r.metadata.extra
     counts = " / ".join(f"{k} {v:,}" for k, v in r.bottleneck_counts.items())
-    rl, lag = r.write_latency_s, r.loop_lag_s
+    rl, lag = r.read_latency_s, r.loop_lag_s
     verify = x.get("verify", "?")
     regen = f", of which regeneration {x.get('regenerate_s', 0.0):.3f} s" if verify == "regenerate" else ""
     lines = [
@@ -87,10 +93,10 @@ def format_load(r: SaveResult) -> str:
         f"LOAD: {gib(r.size_bytes)} ← {m.uri} [{m.backend}]",
         RULE,
         f"Throughput:        {gbps(r.throughput_bps)}  ({gib(r.size_bytes)} in {r.wall_s:.3f} s, end to end)",
-        f"Read (I/O):        {r.write_s:.3f} s @ {gbps(r.size_bytes / r.write_s if r.write_s > 0 else None)}"
+        f"Read (I/O):        {r.read_s:.3f} s @ {gbps(d['read_bps'])}"
         f"  ({m.max_in_flight} reader(s) × {mib(m.chunk_size)})",
         f"Verify:            {verify}: {r.verify_s:.3f} s @ {gbps(d['verify_bps'])}{regen}",
-        f"Consumer:          {r.gen_s:.3f} s  (verification + caller, per chunk, summed)",
+        f"Consumer:          {r.consume_s:.3f} s  (verification + caller, per chunk, summed)",
         f"Open:              {r.open_s:.3f} s (stat + manifest + open)",
         f"Bottleneck:        {r.bottleneck}  (chunks: {counts})",
         f"Waits:             for free buffers {r.wait_free_s:.3f} s, "
@@ -163,7 +169,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     return "\n".join(out)
 
 
-def format_comparison(results: Sequence[SaveResult]) -> str:
+def format_comparison(results: Sequence[Result]) -> str:
     """Several runs side by side (e.g. streaming vs preallocate, repeated checkpoints)."""
     rows = [
         (
@@ -173,7 +179,7 @@ def format_comparison(results: Sequence[SaveResult]) -> str:
             gib(r.size_bytes),
             f"{r.wall_s:.3f} s",
             gbps(r.throughput_bps),
-            gbps(r.to_dict()["verify_bps" if r.operation == "load" else "gen_bps"]),
+            gbps(r.verify_bps if isinstance(r, LoadResult) else r.gen_bps),
             gbps(r.to_dict()["io_bps"]),
             r.bottleneck,
             mib(r.peak_rss_bytes - r.baseline_rss_bytes),
@@ -197,7 +203,7 @@ def format_comparison(results: Sequence[SaveResult]) -> str:
     return format_table(headers, rows)
 
 
-def format_backend_comparison(results: Sequence[SaveResult]) -> str:
+def format_backend_comparison(results: Sequence[Result]) -> str:
     """One row per backend (``--compare-backends``): same size, same chunking, same window."""
     rows = []
     for r in results:

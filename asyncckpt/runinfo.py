@@ -1,4 +1,5 @@
-"""Facts about the running environment recorded with every result."""
+"""Facts about the running environment recorded with every result, and the one builder of the
+fields a save's and a load's result share."""
 
 from __future__ import annotations
 
@@ -6,8 +7,13 @@ import asyncio
 import importlib.metadata
 import platform
 import socket
+from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
+from .metrics import Timed, percentiles
+from .monitor import LoopMonitor
+from .results import RunMetadata, RunSetup
 from .topology import ThreadBudget
 
 _PACKAGES = (
@@ -43,17 +49,54 @@ def event_loop_name() -> str:
     return "uvloop" if module == "uvloop" else "asyncio"
 
 
-def run_facts(budget: ThreadBudget, sink_facts: dict[str, Any]) -> dict[str, Any]:
-    """The RunMetadata fields saves and loads share; the sink's direct-I/O facts move out of
-    ``sink_facts`` into their own fields and the rest becomes ``extra``."""
-    return {
-        "direct_io": bool(sink_facts.pop("direct_io", False)),
-        "direct_io_reason": str(sink_facts.pop("direct_io_reason", "")),
-        "usable_cpus": budget.usable_cpus,
-        "local_ranks": budget.local_ranks,
-        "local_ranks_source": budget.local_ranks_source,
-        "extra": sink_facts,
+def run_fields(
+    setup: RunSetup,
+    budget: ThreadBudget,
+    sink_facts: dict[str, Any],
+    monitor: LoopMonitor,
+    records: Sequence[Timed],
+    bottleneck_counts: dict[str, int],
+    *,
+    method: str,
+    size: int,
+    open_s: float,
+    close_s: float,
+    wall_s: float,
+    close_detail: dict[str, float],
+) -> dict[str, Any]:
+    """The fields of :class:`~asyncckpt.results.RunResult`, measured alike for saves and loads:
+    the ``from_records`` of ``SaveResult`` and ``LoadResult`` add what each side did.
+
+    The sink's direct-I/O facts move out of ``sink_facts`` into their own metadata fields and
+    the rest becomes ``extra``.
+    """
+    facts = dict(sink_facts)
+    metadata = RunMetadata(
+        **asdict(setup),
+        direct_io=bool(facts.pop("direct_io", False)),
+        direct_io_reason=str(facts.pop("direct_io_reason", "")),
+        usable_cpus=budget.usable_cpus,
+        local_ranks=budget.local_ranks,
+        local_ranks_source=budget.local_ranks_source,
+        extra=facts,
         **environment_facts(),
+    )
+    return {
+        "method": method,
+        "size_bytes": size,
+        "wall_s": wall_s,
+        "open_s": open_s,
+        "close_s": close_s,
+        "close_detail": close_detail,
+        "wait_free_s": sum(r.wait_free_s for r in records),
+        "wait_data_s": sum(r.wait_data_s for r in records),
+        "chunks": len(records),
+        "bottleneck_counts": bottleneck_counts,
+        "chunk_latency_s": percentiles([r.latency_s for r in records]),
+        "loop_lag_s": monitor.lag(),
+        "peak_rss_bytes": monitor.peak_rss,
+        "baseline_rss_bytes": monitor.baseline_rss,
+        "metadata": metadata,
     }
 
 

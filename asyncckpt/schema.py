@@ -2,7 +2,11 @@
 
 ``schema_version`` is ``MAJOR.MINOR``: adding a field bumps MINOR (old readers still
 understand the file), removing or changing one bumps MAJOR. Readers accept their own MAJOR
-and refuse a newer one with a clear error rather than misreading it.
+and the previous one (:func:`upgrade` turns it into the current shape as it is read), and
+refuse a newer one with a clear error rather than misreading it.
+
+2.0: loads have their own read-named fields and records (1.x loads reused the save's
+write-named ones); saves no longer carry the load-only ``verify_s``/``verify_bps``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from typing import Any
 
 from .errors import ConfigError
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "2.0"
+#: the majors this release reads: its own and the previous one
+READABLE_MAJORS = ("1", "2")
 SCHEMA_RESOURCE = "schemas/result.schema.json"
 
 
@@ -35,9 +41,54 @@ def check_version(doc: dict[str, Any], source: str = "result") -> str:
             f"versioning: re-run it with this release)"
         )
     major = version.split(".", 1)[0]
-    if major != SCHEMA_VERSION.split(".", 1)[0]:
+    if major not in READABLE_MAJORS:
         raise ConfigError(
             f"{source}: schema_version {version} is not readable by this release "
-            f"(reads {SCHEMA_VERSION.split('.')[0]}.x)"
+            f"(reads {' and '.join(m + '.x' for m in READABLE_MAJORS)})"
         )
     return version
+
+
+#: 1.x load fields → their 2.0 names (results, then per-chunk records)
+_LOAD_RENAMED = {
+    "gen_s": "consume_s",
+    "write_s": "read_s",
+    "write_latency_s": "read_latency_s",
+    "gen_bps": "consume_bps",
+    "gen_io_ratio": "consume_io_ratio",
+}
+_READ_RECORD_RENAMED = {
+    "fill_s": "consume_s",
+    "write_s": "read_s",
+    "t_write_start": "t_read_start",
+    "t_write_end": "t_read_end",
+}
+
+
+def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` (a version :func:`check_version` accepted) in the current shape; a 1.x file is
+    rewritten in a copy, so ``report`` and ``compare`` only ever see one format."""
+    if doc["schema_version"].split(".", 1)[0] != "1":
+        return doc
+    out = {**doc, "schema_version": SCHEMA_VERSION}
+    if "results" in doc:
+        out["results"] = [_upgrade_result(r) for r in doc["results"]]
+    return out
+
+
+def _upgrade_result(r: dict[str, Any]) -> dict[str, Any]:
+    out = {**r, "schema_version": SCHEMA_VERSION}
+    if r["operation"] != "load":  # a save: only the load-only fields go
+        for key in ("verify_s", "verify_bps"):
+            out.pop(key, None)
+        if "records" in r:
+            out["records"] = [{k: v for k, v in rec.items() if k != "verify_s"} for rec in r["records"]]
+        return out
+    out = {_LOAD_RENAMED.get(k, k): v for k, v in out.items() if k not in ("checksum_s", "checksum_bps")}
+    out["read_bps"] = r["size_bytes"] / r["write_s"] if r["write_s"] > 0 else None
+    if "records" in r:
+        out["records"] = [
+            {_READ_RECORD_RENAMED.get(k, k): v for k, v in rec.items() if k not in ("checksum", "checksum_s")}
+            for rec in r["records"]
+        ]
+    return out

@@ -80,7 +80,7 @@ async def test_round_trip_file(
     assert result.metadata.max_in_flight == readers
     assert result.metadata.extra["verify"] == {True: "checksum", False: "none"}.get(verify, verify)  # type: ignore[call-overload]
     assert (result.verify_s > 0) == (verify is not False)
-    assert result.write_latency_s.max > 0 and result.write_s > 0
+    assert result.read_latency_s.max > 0 and result.read_s > 0
 
 
 async def test_manifest_describes_the_bytes(tmp_path: Path) -> None:

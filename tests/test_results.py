@@ -51,7 +51,7 @@ def test_schema_rejects_what_it_does_not_describe(file_run: Path) -> None:
         lambda d: d["results"][0].update(surprise=1),
         lambda d: d["results"][0]["metadata"].update(chunk_size="32MiB"),
         lambda d: d["results"][0]["records"][0].pop("fill_s"),
-        lambda d: d.update(schema_version="2.0"),
+        lambda d: d.update(schema_version="3.0"),
         lambda d: d["results"][0]["write_latency_s"].update(p50=-1.0),
     ):
         bad = copy.deepcopy(doc)
@@ -65,7 +65,7 @@ def test_schema_ships_as_package_data() -> None:
 
     text = resources.files("asyncckpt").joinpath("schemas/result.schema.json").read_text()
     assert json.loads(text)["$defs"]["singleRun"]["properties"]["mode"] == {"const": "single"}
-    assert SCHEMA_VERSION.startswith("1.")
+    assert SCHEMA_VERSION.startswith("2.")
 
 
 def test_csv_has_one_row_per_chunk(file_run: Path) -> None:
@@ -74,7 +74,11 @@ def test_csv_has_one_row_per_chunk(file_run: Path) -> None:
     first = [r for r in rows if r["result"] == "1"]
     assert [int(r["index"]) for r in first] == list(range(8))
     assert float(first[0]["t_acquire"]) == 0.0  # relative to the run's first chunk
-    assert all(float(r["t_write_end"]) >= float(r["t_write_start"]) >= 0 for r in rows)
+    io = {"save": "write", "load": "read"}
+    assert all(
+        float(r[f"t_{io[r['operation']]}_end"]) >= float(r[f"t_{io[r['operation']]}_start"]) >= 0
+        for r in rows
+    )
     assert {r["operation"] for r in rows} == {"save", "load"}
 
 
@@ -138,12 +142,12 @@ def test_report_rerenders_saved_json(file_run: Path, tmp_path: Path) -> None:
 def test_report_bad_files_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "nope.json").write_text("{not json")
     (tmp_path / "old.json").write_text(json.dumps({"results": []}))
-    (tmp_path / "new.json").write_text(json.dumps({"schema_version": "2.0", "mode": "single"}))
+    (tmp_path / "new.json").write_text(json.dumps({"schema_version": "3.0", "mode": "single"}))
     for name, fragment in (
         ("missing.json", "no result file"),
         ("nope.json", "is not JSON"),
         ("old.json", "no schema_version"),
-        ("new.json", "schema_version 2.0 is not readable"),
+        ("new.json", "schema_version 3.0 is not readable"),
     ):
         proc = bench("report", name, cwd=tmp_path)
         assert proc.returncode == 2, proc.stderr

@@ -34,6 +34,7 @@ from ..distributed import Comm
 from ..errors import ConfigError, MissingDependencyError, TargetNotFoundError
 from ..monitor import now
 from ..report import RULE, format_table, gbps
+from ..results import Result
 from ..sinks import path_from_uri, scheme_of
 from .dlio_layout import DLIO_GB, CheckpointPlan, PlannedObject, RankPlan, scaled, step_directory
 from .dlio_plan import format_plan, make_plan, plan_ranks, subset_note
@@ -101,6 +102,7 @@ async def _phase(
             counts: dict[str, int] = {}
             for obj in mine.objects:
                 uri = object_uri(base, i, obj)
+                r: Result
                 if phase == "save":
                     r = await writes.save(uri, obj.size)
                 else:

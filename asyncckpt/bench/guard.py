@@ -13,7 +13,7 @@ from typing import Any
 
 from ..checkpointer import AsyncCheckpointer
 from ..errors import TargetExistsError
-from ..metrics import SaveResult
+from ..results import SaveResult
 
 
 class Writes:

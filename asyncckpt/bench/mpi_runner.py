@@ -28,9 +28,9 @@ from ..checkpointer import AsyncCheckpointer
 from ..distributed import Comm
 from ..endpoints import rank_endpoint
 from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
-from ..metrics import SaveResult
 from ..monitor import now
 from ..report import Progress, format_distributed
+from ..results import LoadResult, Result, SaveResult
 from ..schema import SCHEMA_VERSION
 from ..sinks import path_from_uri, scheme_of
 from .guard import Writes
@@ -45,7 +45,7 @@ class Phase:
     name: str
     method: str
     count: int
-    run: Callable[[AsyncCheckpointer, str, int, Progress | None], Awaitable[SaveResult]]
+    run: Callable[[AsyncCheckpointer, str, int, Progress | None], Awaitable[Result]]
 
 
 def plan_mode(plan: BenchPlan) -> str:
@@ -62,9 +62,9 @@ def phases_for(plan: BenchPlan, writes: Writes) -> list[Phase]:
 
         return run
 
-    async def loader(ck: AsyncCheckpointer, uri: str, size: int, progress: Progress | None) -> SaveResult:
+    async def loader(ck: AsyncCheckpointer, uri: str, size: int, progress: Progress | None) -> LoadResult:
         options = {k: getattr(plan, k) for k in ("verify", "num_readers", "read_chunk_size", "defeat_cache")}
-        result: SaveResult = await getattr(ck, "load")(uri, progress=progress, **options)  # noqa: B009
+        result: LoadResult = await getattr(ck, "load")(uri, progress=progress, **options)  # noqa: B009
         return result
 
     mode = plan_mode(plan)

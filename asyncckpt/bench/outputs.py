@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, MissingDependencyError
-from ..metrics import SaveResult
 from ..report import (
     format_backend_comparison,
     format_comparison,
@@ -21,6 +20,7 @@ from ..report import (
     format_phases,
     format_summary,
 )
+from ..results import result_from_dict
 from .resultfiles import check_output_path, to_csv, write_json, write_text
 
 
@@ -63,7 +63,7 @@ def render_text(doc: Mapping[str, Any], *, quiet: bool = False) -> str:
     """The text report of a result document (what the run printed)."""
     if doc.get("mode") == "mpi":
         return format_distributed(doc)
-    results = [SaveResult.from_dict(r) for r in doc["results"]]
+    results = [result_from_dict(r) for r in doc["results"]]
     blocks = [] if quiet else [str(r) for r in results]
     if len({r.metadata.backend for r in results}) > 1:
         blocks.append(format_backend_comparison(results))

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, TargetNotFoundError
-from ..schema import check_version
+from ..schema import check_version, upgrade
 
 #: columns of ``--csv``: one row per chunk; times in seconds, ``t_*`` relative to the
-#: first chunk of that result (perf_counter stamps mean nothing across processes)
+#: first chunk of that result (perf_counter stamps mean nothing across processes); a save's
+#: row leaves the read columns empty and a load's the write columns
 CSV_COLUMNS = (
     "result",
     "operation",
@@ -30,21 +31,26 @@ CSV_COLUMNS = (
     "nbytes",
     "wait_free_s",
     "fill_s",
+    "consume_s",
     "wait_data_s",
     "write_s",
+    "read_s",
     "checksum_s",
     "verify_s",
     "latency_s",
     "t_acquire",
     "t_write_start",
     "t_write_end",
+    "t_read_start",
+    "t_read_end",
     "bottleneck",
     "checksum",
 )
 
 
 def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A result document from disk; ConfigError names the file and what is wrong with it."""
+    """A result document from disk, in the current schema (an older readable version is upgraded);
+    ConfigError names the file and what is wrong with it."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -61,7 +67,7 @@ def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
     check_version(doc, repr(str(p)))
     if doc.get("mode") not in ("single", "mpi"):
         raise ConfigError(f"{str(p)!r}: unknown result mode {doc.get('mode')!r}")
-    return doc
+    return upgrade(doc)
 
 
 def stamp(doc: dict[str, Any], argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -98,6 +104,7 @@ def csv_rows(doc: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     for i, r in enumerate(doc.get("results", ())):
         recs = r.get("records") or []
         t0 = min((rec["t_acquire"] for rec in recs), default=0.0)
+        io = "read" if r["operation"] == "load" else "write"
         for rec in recs:
             row = {k: rec.get(k) for k in CSV_COLUMNS if k in rec}
             row.update(
@@ -105,11 +112,11 @@ def csv_rows(doc: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
                 operation=r["operation"],
                 method=r["method"],
                 backend=r["metadata"]["backend"],
-                latency_s=rec["t_write_end"] - rec["t_acquire"],
+                latency_s=rec[f"t_{io}_end"] - rec["t_acquire"],
                 t_acquire=rec["t_acquire"] - t0,
-                t_write_start=rec["t_write_start"] - t0,
-                t_write_end=rec["t_write_end"] - t0,
             )
+            for stamp in (f"t_{io}_start", f"t_{io}_end"):
+                row[stamp] = rec[stamp] - t0
             yield row
 
 

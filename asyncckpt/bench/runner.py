@@ -10,8 +10,8 @@ from typing import Any
 from .._blocking import run_blocking
 from ..checkpointer import AsyncCheckpointer
 from ..config import CheckpointConfig
-from ..metrics import SaveResult
 from ..report import Progress, format_comparison, format_phases, format_summary
+from ..results import LoadResult, Result
 from ..schema import SCHEMA_VERSION
 from .guard import Writes
 from .load_args import drop_caches
@@ -44,7 +44,7 @@ class BenchPlan:
 @dataclass(frozen=True)
 class BenchReport:
     plan: BenchPlan
-    results: list[SaveResult]
+    results: list[Result]
     text: str
 
     def summary(self) -> dict[str, dict[str, float]]:
@@ -70,7 +70,7 @@ class BenchReport:
         }
 
 
-def _stats(rs: list[SaveResult]) -> dict[str, float]:
+def _stats(rs: list[Result]) -> dict[str, float]:
     tput = [r.throughput_bps for r in rs]
     dur = [r.wall_s for r in rs]
     io = [r.size_bytes / r.io_s if r.io_s > 0 else 0.0 for r in rs]
@@ -89,7 +89,7 @@ async def run_plan(plan: BenchPlan) -> BenchReport:
     """Save ``repeat`` checkpoints per method, then (per ``mode``) load ``reads`` times;
     remove what its saves published unless ``keep`` (a load-only run publishes nothing)."""
     assert plan.target is not None
-    results: list[SaveResult] = []
+    results: list[Result] = []
     async with AsyncCheckpointer(plan.config) as ckpt:
         writes = Writes(ckpt, overwrite=plan.overwrite)
         try:
@@ -116,7 +116,7 @@ async def run_plan(plan: BenchPlan) -> BenchReport:
     return BenchReport(plan, results, "\n\n".join(blocks))
 
 
-async def run_loads(ckpt: AsyncCheckpointer, plan: BenchPlan) -> list[SaveResult]:
+async def run_loads(ckpt: AsyncCheckpointer, plan: BenchPlan) -> list[LoadResult]:
     """The read phase: optionally drop the page cache once, then ``reads`` verified loads."""
     assert plan.target is not None
     if plan.drop_caches:

@@ -33,8 +33,8 @@ from ..isolation.process_sink import ProcessSink
 from ..load_api import LoadsMixin, ProgressFn
 from ..loader import LoadState, stream_views
 from ..manifest import Manifest
-from ..metrics import SaveResult
 from ..monitor import LoopMonitor, now
+from ..results import LoadResult, SaveResult
 from ..sources import CallerData
 from ..verify import ChecksumVerifier
 from . import chunks, dtypes
@@ -421,7 +421,7 @@ class StateMixin(LoadsMixin):
         read_chunk: int,
         defeat_cache: bool,
         progress: ProgressFn | None,
-    ) -> SaveResult:
+    ) -> LoadResult:
         cfg = self.config
         sink = self._sink(uri)
         ls = LoadState(uri=uri, backend=sink.backend, verify_mode="checksum" if manifest else "none")

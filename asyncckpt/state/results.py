@@ -7,7 +7,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..metrics import SaveResult
+from ..results import LoadResult, SaveResult
 
 StagingMode = Literal["none", "host"]
 STAGING_MODES: tuple[str, ...] = ("none", "host")
@@ -75,5 +75,5 @@ class StateLoadResult:
     tensors: int
     tensor_bytes: int
     in_place: bool
-    load: SaveResult
+    load: LoadResult
     metadata: dict[str, str] = field(default_factory=dict)  # the header's __metadata__ (user keys)

@@ -1,0 +1,38 @@
+"""The part of :class:`~asyncckpt.checkpointer.AsyncCheckpointer` that its load and state-dict
+methods build on, as an explicit interface.
+
+Those methods live in mixins (``LoadsMixin``, ``StateMixin``) to keep the save path's module
+small; they subclass this protocol instead of stubbing the host, so mypy refuses a host that
+lacks a member (the checkpointer could not be instantiated) and nothing raises at run time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from .config import CheckpointConfig
+from .pool import BufferPool
+from .sinks.base import Sink
+from .topology import ThreadBudget
+
+
+class CheckpointerCore(Protocol):
+    """Configuration, thread budget, and the lock, pool, executor and sinks saves and loads share."""
+
+    config: CheckpointConfig
+    _budget: ThreadBudget
+    _lock: asyncio.Lock  # one operation at a time per pool
+
+    def _sink(self, uri: str) -> Sink:
+        """A sink for ``uri`` (watched for stalls, in a writer process when isolated)."""
+        ...
+
+    def _ensure_executor(self) -> ThreadPoolExecutor:
+        """The executor of blocking work (created on first use)."""
+        ...
+
+    async def _ensure_pool(self, shared: bool = False) -> BufferPool:
+        """The buffer pool, in shared memory when ``shared`` (a writer process reads it)."""
+        ...
