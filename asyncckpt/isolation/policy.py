@@ -22,8 +22,6 @@ START_METHODS = ("auto", "fork", "forkserver", "spawn")
 START_METHOD_ENV = ("ASYNCCKPT_MP_START_METHOD", "MLPS_CHECKPOINT_MP_START_METHOD")
 #: backends that write local files or memory: no foreign runtime, fork is safe
 LOCAL_BACKENDS = frozenset({"file", "null", "memory"})
-#: backends isolated by default (``isolation="auto"``)
-ISOLATED_BY_DEFAULT = frozenset({"s3dlio"})
 #: a missing method degrades along this chain
 _FALLBACK = ("fork", "forkserver", "spawn")
 
@@ -51,6 +49,15 @@ class WriterPolicy:
             "mp_start_method_source": self.source,
             "isolation_reason": self.reason,
         }
+
+
+def needs_isolation(backend: str) -> bool:
+    """The backend class's capability: a client runtime that must stay out of the caller."""
+    if backend in LOCAL_BACKENDS:
+        return False
+    from ..sinks import backend_class
+
+    return backend_class(backend).needs_isolation
 
 
 def is_object_store(backend: str) -> bool:
@@ -98,7 +105,7 @@ def resolve_policy(
     if method == "fork" and is_object_store(backend):
         raise ConfigError(FORK_DEADLOCK.format(backend=backend, source=source))
     if isolation == "auto":
-        isolation = "process" if backend in ISOLATED_BY_DEFAULT else "none"
+        isolation = "process" if needs_isolation(backend) else "none"
         why = f"auto: {backend} {'runs' if isolation == 'process' else 'does not run'} in a writer process"
     else:
         why = f"isolation={isolation!r} requested"

@@ -32,8 +32,13 @@ class Sink(ABC):
     """
 
     backend: ClassVar[str] = "abstract"
+    # capabilities, asked by the rest of the code (never a list of backend names)
     #: parts written concurrently when the caller does not say
     default_in_flight: ClassVar[int] = 1
+    #: a client runtime that must not run in the caller's process (``isolation="auto"``)
+    needs_isolation: ClassVar[bool] = False
+    #: whether writes can bypass the page cache (O_DIRECT)
+    supports_direct_io: ClassVar[bool] = False
 
     def __init__(self, uri: str, *, executor: Executor, options: SinkOptions) -> None:
         self.committed = False  # set once complete() published the object (asyncckpt.commit)

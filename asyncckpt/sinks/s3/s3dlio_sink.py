@@ -68,6 +68,7 @@ class S3dlioSink(AppendSink):
 
     backend = "s3dlio"
     default_in_flight = 2  # s3dlio parallelises inside; two writers keep it fed
+    needs_isolation = True  # its Tokio runtime: loop lag and RSS in the caller (issue 9, item 1)
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
