@@ -24,8 +24,9 @@ from .pool import BufferPool
 from .results import RunSetup, SaveResult
 from .runinfo import run_fields
 from .seal import sealer_for
-from .sinks import SinkOptions, make_sink, resolve_backend
+from .sinks import BACKENDS, SinkOptions, resolve_backend
 from .sinks.base import Sink
+from .sinks.store import Store
 from .sources import CallerData, make_source
 from .sources.base import Source
 from .state.api import StateMixin
@@ -57,6 +58,8 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         self._lock = asyncio.Lock()
         self._closed = False
         self._stalled = False  # set by the stall watchdog
+        self._stores: dict[str, Store] = {}  # backend name → store (sinks/store.py)
+        self._retired: list[Store] = []
 
     # -- lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> AsyncCheckpointer:
@@ -68,8 +71,11 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Release the pool and the executor; idempotent."""
+        """Release the stores' clients, the pool and the executor; idempotent."""
         await self._close_state()  # a background staged save finishes first
+        stores, self._stores, self._retired = [*self._retired, *self._stores.values()], {}, []
+        for store in stores:
+            await store.aclose()
         self._closed = True
         if self._executor is not None:
             executor, self._executor = self._executor, None
@@ -147,9 +153,19 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                 timeout=cfg.writer_timeout,
                 child_threads=cfg.num_buffers + 2,
             )
-        return make_sink(
-            os.fspath(uri), backend=self.config.backend, executor=self._ensure_executor(), options=options
-        )
+        return self._store(resolve_backend(os.fspath(uri), cfg.backend), options).handle(os.fspath(uri))
+
+    def _store(self, name: str, options: SinkOptions) -> Store:
+        """One store per backend for the checkpointer's life: its objects share one client."""
+        store = self._stores.get(name)
+        if store is not None and store.executor is not self._ensure_executor():
+            self._retired.append(store)  # a stall retired its executor: closed at aclose
+            store = None
+        if store is None:
+            store = self._stores[name] = Store(
+                name, BACKENDS[name], executor=self._ensure_executor(), options=options
+            )
+        return store
 
     async def save(
         self,

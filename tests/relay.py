@@ -63,6 +63,7 @@ class FaultyFront:
         self.matched: list[str] = []  # every matching request line seen
         self.active = 0  # matching requests whose body is being relayed now
         self.peak = 0  # the most there ever were at once
+        self.connections = 0  # TCP connections clients opened to the relay
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> str:
@@ -89,6 +90,7 @@ class FaultyFront:
         dst.transport.abort() if sent[0] >= sent[1] else dst.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         up_r, up_w = await asyncio.open_connection(*self.target)
         sent = [0, 1 << 62]  # response bytes relayed so far; where to cut them
         back = asyncio.create_task(self._pump(up_r, writer, sent))

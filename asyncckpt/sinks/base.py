@@ -10,7 +10,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .store import Shared
+
+if TYPE_CHECKING:
+    from .store import Store
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,11 +45,16 @@ class Sink(ABC):
     #: whether writes can bypass the page cache (O_DIRECT)
     supports_direct_io: ClassVar[bool] = False
 
-    def __init__(self, uri: str, *, executor: Executor, options: SinkOptions) -> None:
+    def __init__(
+        self, uri: str, *, executor: Executor, options: SinkOptions, store: Store | None = None
+    ) -> None:
         self.committed = False  # set once complete() published the object (asyncckpt.commit)
         self.uri = uri
         self.executor = executor
         self.options = options
+        #: what this backend's objects share (clients, settings): the store's, else private
+        self.shared = store.shared if store is not None else Shared()
+        self._owns_shared = store is None
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Start what the sink runs on (a writer process), no storage I/O; idempotent. The
@@ -89,8 +99,13 @@ class Sink(ABC):
     async def delete(self) -> None:
         """Remove the published object (no error if absent)."""
 
-    async def aclose(self) -> None:  # noqa: B027 - optional hook
-        """Release clients and descriptors."""
+    async def aclose(self) -> None:
+        """Release descriptors, and clients unless a store shares them."""
+        await self.release_shared()
+
+    async def release_shared(self) -> None:
+        if self._owns_shared:
+            await self.shared.aclose()
 
     def describe(self) -> dict[str, Any]:
         """Facts for the run metadata: direct I/O engaged and why (not), part sizes, ...

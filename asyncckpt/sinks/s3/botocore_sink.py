@@ -107,22 +107,17 @@ class AiobotocoreSink(MultipartSink):
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
-        self._stack = contextlib.AsyncExitStack()
-        self._clients: dict[str | None, Any] = {}  # endpoint URL (None: AWS default) → client
-        self._clients_lock = asyncio.Lock()
         self.retries = 0  # asyncckpt's retries on the one endpoint (the router counts its own)
 
     async def _s3(self, url: str | None) -> Any:
-        """The client for endpoint ``url``, made on its first use (once per sink)."""
-        client = self._clients.get(url)
-        if client is None:
-            async with self._clients_lock:
-                client = self._clients.get(url)
-                if client is None:
-                    session = await run_blocking(self.executor, _warm_session)
-                    client = await self._stack.enter_async_context(self._new_client(session, url))
-                    self._clients[url] = client
-        return client
+        """The client for endpoint ``url`` (None: AWS default), made on its first use and
+        shared by every object of the store."""
+
+        async def make() -> Any:
+            session = await run_blocking(self.executor, _warm_session)
+            return self._new_client(session, url)
+
+        return await self.shared.enter(("aiobotocore", url), make)
 
     def _retries(self) -> dict[str, Any]:
         """botocore makes one attempt per call; asyncckpt retries (``_retrying``, the router).
@@ -293,8 +288,3 @@ class AiobotocoreSink(MultipartSink):
             f"abort upload {upload_id} of s3://{self.bucket}/{key} at",
             lambda: client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id),
         )
-
-    async def aclose(self) -> None:
-        await self.abort()
-        await self._stack.aclose()
-        self._clients = {}

@@ -127,7 +127,8 @@ class S3SinkBase(Sink):
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
         self.bucket, self.key = parse_s3_uri(uri)
-        self.settings = S3Settings.resolve(self.options.extra)
+        # resolved once per store (``.env`` is read once), not once per object
+        self.settings = self.shared.get("s3-settings", lambda: S3Settings.resolve(self.options.extra))
         self.router: EndpointRouter | None = None
         self.endpoint_strategy: str | None = None
         if len(self.settings.endpoints) > 1:
@@ -257,6 +258,10 @@ class S3SinkBase(Sink):
     async def delete(self) -> None:
         self._object_size = None
         await self.guarded("delete", self._delete)
+
+    async def aclose(self) -> None:
+        await self.abort()  # an upload left open is discarded, never published
+        await self.release_shared()
 
     async def known_size(self) -> int:
         """The object size, HEADed once per sink: loads read many ranges of one object."""

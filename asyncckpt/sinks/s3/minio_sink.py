@@ -36,6 +36,10 @@ class MinioSink(MultipartSink):
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
+        self._client, self._http = self.shared.get("minio", self._build, close=lambda c: c[1].clear())
+
+    def _build(self) -> tuple[Minio, urllib3.PoolManager]:
+        """One client and connection pool for every object of the store."""
         s = self.settings
         ep = urlsplit(s.endpoint_url or "https://s3.amazonaws.com")
         http = urllib3.PoolManager(
@@ -48,8 +52,7 @@ class MinioSink(MultipartSink):
                 total=s.max_attempts - 1, backoff_factor=0.2, status_forcelist=(500, 502, 503, 504)
             ),
         )
-        self._http = http
-        self._client = Minio(
+        client = Minio(
             ep.netloc,
             access_key=s.access_key_id,
             secret_key=s.revealed("secret_access_key"),
@@ -58,6 +61,7 @@ class MinioSink(MultipartSink):
             region=s.region,
             http_client=http,
         )
+        return client, http
 
     def error_fields(self, exc: Exception) -> ErrorFields | None:
         if isinstance(exc, S3Error):
@@ -122,10 +126,6 @@ class MinioSink(MultipartSink):
 
     async def _delete(self) -> None:
         await self._call(self._client.remove_object, self.bucket, self.key)
-
-    async def aclose(self) -> None:
-        await self.abort()
-        self._http.clear()
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()

@@ -160,9 +160,6 @@ class S3dlioSink(AppendSink):
         text = f"HTTP {status} {code}: {error_message(body) or 'no message'}"
         raise storage_error(code, text, self.what("delete"), s)
 
-    async def aclose(self) -> None:
-        await self.abort()
-
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["parts"] = self._parts or out["parts"]

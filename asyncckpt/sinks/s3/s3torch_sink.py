@@ -48,21 +48,22 @@ class S3TorchSink(AppendSink):
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
-        self._client: Any = None
 
     def _s3(self) -> Any:
-        if self._client is None:
-            s = self.settings
-            export_to_environment(s)
-            self._client = MountpointS3Client(
-                s.region,
-                endpoint=s.endpoint_url,
-                force_path_style=s.path_style,
-                part_size=self.part_size or 8 << 20,
-                max_attempts=s.max_attempts,
-                unsigned=False,
-            )
-        return self._client
+        """One Mountpoint client (a CRT connection pool) for every object of the store."""
+        return self.shared.get(("mountpoint", self.part_size), self._build)
+
+    def _build(self) -> Any:
+        s = self.settings
+        export_to_environment(s)
+        return MountpointS3Client(
+            s.region,
+            endpoint=s.endpoint_url,
+            force_path_style=s.path_style,
+            part_size=self.part_size or 8 << 20,
+            max_attempts=s.max_attempts,
+            unsigned=False,
+        )
 
     def error_fields(self, exc: Exception) -> ErrorFields | None:
         if isinstance(exc, AsyncCkptError):
@@ -144,10 +145,6 @@ class S3TorchSink(AppendSink):
 
     async def _delete(self) -> None:
         await self._call(lambda: self._s3().delete_object(self.bucket, self.key))
-
-    async def aclose(self) -> None:
-        await self.abort()
-        self._client = None
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
