@@ -14,7 +14,7 @@ from .commit import commit, note_publication
 from .config import CheckpointConfig, validate_size
 from .errors import ConfigError
 from .isolation import SharedBufferPool, resolve_policy
-from .isolation.process_sink import ProcessSink
+from .isolation.process_sink import ProcessSink, WriterPool
 from .load_api import LoadsMixin
 from .manifest import manifest_uri
 from .metrics import label_chunks
@@ -60,6 +60,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         self._stalled = False  # set by the stall watchdog
         self._stores: dict[str, Store] = {}  # backend name → store (sinks/store.py)
         self._retired: list[Store] = []
+        self._writers = WriterPool()  # writer processes, reused by every object (isolation)
 
     # -- lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> AsyncCheckpointer:
@@ -76,6 +77,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         stores, self._stores, self._retired = [*self._retired, *self._stores.values()], {}, []
         for store in stores:
             await store.aclose()
+        await self._writers.aclose()  # every writer process reaped
         self._closed = True
         if self._executor is not None:
             executor, self._executor = self._executor, None
@@ -152,6 +154,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                 policy=policy,
                 timeout=cfg.writer_timeout,
                 child_threads=cfg.num_buffers + 2,
+                pool=self._writers,
             )
         return self._store(resolve_backend(os.fspath(uri), cfg.backend), options).handle(os.fspath(uri))
 

@@ -1,9 +1,11 @@
-"""The writer process: one event loop serving one sink, driven over a pipe by ProcessSink.
+"""The writer process: one event loop serving the objects of one backend, driven over a
+pipe by ProcessSink handles; its sinks share one store (one client for all of them).
 
-Requests are ``(kind, request_id, *args)``; each runs as its own task so writes overlap up
-to the parent's ``max_in_flight``, and each is answered ``("ok", id, value)`` or
+Requests are ``(kind, request_id, handle_id, *args)``; ``bind`` names the object of a handle
+and ``release`` closes it. Each request runs as its own task so writes overlap up to the
+parent's ``max_in_flight``, and each is answered ``("ok", id, value)`` or
 ``("err", id, packed_exception)``. Chunk data is never sent: ``write`` names an offset in
-the shared arena. If the parent vanishes (EOF) the write in progress is aborted.
+the shared arena. If the parent vanishes (EOF) every write in progress is aborted.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..sinks import make_sink
+from ..sinks import BACKENDS, backend_class
 from ..sinks.base import Sink, SinkOptions
+from ..sinks.store import Store
 from .shm import SharedArena
 
 Packed = tuple[str, Any, str]
@@ -32,7 +35,6 @@ Packed = tuple[str, Any, str]
 class ChildSpec:
     """Everything the child needs, picklable for spawn and forkserver."""
 
-    uri: str
     backend: str
     options: SinkOptions
     arena_path: str | None
@@ -78,22 +80,12 @@ class _Server:
         self.executor = ThreadPoolExecutor(spec.threads, thread_name_prefix="asyncckpt-child")
         self.arena = SharedArena.attach(spec.arena_path, spec.arena_size) if spec.arena_path else None
         self.view = memoryview(self.arena) if self.arena is not None else None
-        self.tasks: set[asyncio.Task[None]] = set()
-        self._sink: Sink | None = None
-        self._setup_error: BaseException | None = None
-        try:
-            self._sink = make_sink(
-                spec.uri, backend=spec.backend, executor=self.executor, options=spec.options
-            )
-        except BaseException as exc:
-            self._setup_error = exc
+        self.tasks: dict[int, set[asyncio.Task[None]]] = {}  # handle id → its requests in flight
+        self.store = Store(spec.backend, BACKENDS[spec.backend], executor=self.executor, options=spec.options)
+        self.sinks: dict[int, Sink] = {}
 
-    @property
-    def sink(self) -> Sink:
-        if self._sink is None:
-            assert self._setup_error is not None
-            raise self._setup_error
-        return self._sink
+    def sink(self, hid: int) -> Sink:
+        return self.sinks[hid]
 
     def reply(self, msg: tuple[Any, ...]) -> None:
         with contextlib.suppress(OSError):  # the parent is gone: nobody to tell
@@ -116,24 +108,27 @@ class _Server:
         try:
             while True:
                 msg = await inbox.get()
-                if msg is None:  # parent gone: abandon the object
-                    await self._settle(cancel=True)
-                    if self._sink is not None:
-                        await self._sink.abort()
+                if msg is None:  # parent gone: abandon every object
+                    await self._settle(list(self.tasks), cancel=True)
+                    for sink in self.sinks.values():
+                        await sink.abort()
                     return
-                kind, rid, *args = msg
-                if kind in ("abort", "close"):
-                    await self._settle(cancel=kind == "abort")
-                    await self._handle(kind, rid, args)
+                kind, rid, hid, *args = msg
+                if kind in ("abort", "release", "close"):
+                    handles = list(self.tasks) if kind == "close" else [hid]
+                    await self._settle(handles, cancel=kind == "abort")
+                    await self._handle(kind, rid, hid, args)
                     if kind == "close":
                         return
                 else:
-                    task = asyncio.create_task(self._handle(kind, rid, args))
-                    self.tasks.add(task)
-                    task.add_done_callback(self.tasks.discard)
+                    task = asyncio.create_task(self._handle(kind, rid, hid, args))
+                    running = self.tasks.setdefault(hid, set())
+                    running.add(task)
+                    task.add_done_callback(running.discard)
         finally:
-            if self._sink is not None:
-                await self._sink.aclose()
+            for sink in self.sinks.values():
+                await sink.aclose()
+            await self.store.aclose()
             self.executor.shutdown(wait=True)
             if self.view is not None:
                 self.view.release()
@@ -141,17 +136,18 @@ class _Server:
                 self.arena.close()
             self.conn.close()
 
-    async def _settle(self, *, cancel: bool) -> None:
-        """Let in-flight requests finish (or cancel them; sinks wait for their threads)."""
+    async def _settle(self, handles: list[int], *, cancel: bool) -> None:
+        """Let the handles' requests finish (or cancel them; sinks wait for their threads)."""
+        tasks = [t for hid in handles for t in self.tasks.get(hid, ())]
         if cancel:
-            for task in self.tasks:
+            for task in tasks:
                 task.cancel()
-        if self.tasks:
-            await asyncio.wait(list(self.tasks))
+        if tasks:
+            await asyncio.wait(tasks)
 
-    async def _handle(self, kind: str, rid: int, args: list[Any]) -> None:
+    async def _handle(self, kind: str, rid: int, hid: int, args: list[Any]) -> None:
         try:
-            result = await getattr(self, f"do_{kind}")(*args)
+            result = await getattr(self, f"do_{kind}")(hid, *args)
         except asyncio.CancelledError:
             self.reply(("err", rid, pack_error(RuntimeError(f"{kind} cancelled by abort"))))
         except BaseException as exc:
@@ -160,61 +156,75 @@ class _Server:
             self.reply(("ok", rid, result))
 
     # -- requests ----------------------------------------------------------------------
-    async def do_open(self, size: int) -> dict[str, Any]:
-        self.sink.check()
-        await self.sink.open(size)
-        temp = getattr(self.sink, "temp_path", None)
-        return {"temp_path": os.fspath(temp) if temp is not None else None, "describe": self.sink.describe()}
+    async def do_warm(self, hid: int) -> None:
+        del hid
+        backend_class(self.spec.backend)  # imports the client library (s3dlio: ~1 s)
 
-    async def do_write(self, offset: int, at: int, length: int) -> float:
+    async def do_bind(self, hid: int, uri: str) -> None:
+        self.sinks[hid] = self.store.handle(uri)
+
+    async def do_release(self, hid: int) -> None:
+        self.tasks.pop(hid, None)
+        sink = self.sinks.pop(hid, None)
+        if sink is not None:
+            await sink.aclose()
+
+    async def do_open(self, hid: int, size: int) -> dict[str, Any]:
+        sink = self.sink(hid)
+        sink.check()
+        await sink.open(size)
+        temp = getattr(sink, "temp_path", None)
+        return {"temp_path": os.fspath(temp) if temp is not None else None, "describe": sink.describe()}
+
+    async def do_write(self, hid: int, offset: int, at: int, length: int) -> float:
         assert self.view is not None, "write from the arena without an arena"
-        return await self.do_write_view(offset, self.view[at : at + length])
+        return await self.do_write_view(hid, offset, self.view[at : at + length])
 
-    async def do_write_inline(self, offset: int, data: bytes) -> float:
+    async def do_write_inline(self, hid: int, offset: int, data: bytes) -> float:
         scratch = mmap.mmap(-1, max(len(data), 1))  # page-aligned, as O_DIRECT needs
         view = memoryview(scratch)[: len(data)]
         try:
             view[:] = data
-            return await self.do_write_view(offset, view)
+            return await self.do_write_view(hid, offset, view)
         finally:
             view.release()
             scratch.close()
 
-    async def do_write_view(self, offset: int, view: memoryview) -> float:
+    async def do_write_view(self, hid: int, offset: int, view: memoryview) -> float:
         start = time.perf_counter()
-        inner = await self.sink.write_part(offset, view)
+        inner = await self.sink(hid).write_part(offset, view)
         return inner if inner is not None else time.perf_counter() - start
 
-    async def do_complete(self) -> tuple[dict[str, float], dict[str, Any]]:
-        timings = await self.sink.complete()
-        return timings, self.sink.describe()
+    async def do_complete(self, hid: int) -> tuple[dict[str, float], dict[str, Any]]:
+        timings = await self.sink(hid).complete()
+        return timings, self.sink(hid).describe()
 
-    async def do_abort(self) -> None:
-        if self._sink is not None:
-            await self._sink.abort()
+    async def do_abort(self, hid: int) -> None:
+        if hid in self.sinks:
+            await self.sinks[hid].abort()
 
-    async def do_close(self) -> None:
-        return None  # serve() closes the sink on the way out
+    async def do_close(self, hid: int) -> None:
+        return None  # serve() closes the sinks on the way out
 
-    async def do_read(self, offset: int, at: int, length: int) -> int:
+    async def do_read(self, hid: int, offset: int, at: int, length: int) -> int:
         assert self.view is not None, "read into the arena without an arena"
-        return await self.sink.read_into(offset, self.view[at : at + length])
+        return await self.sink(hid).read_into(offset, self.view[at : at + length])
 
-    async def do_read_inline(self, offset: int, length: int) -> bytes:
+    async def do_read_inline(self, hid: int, offset: int, length: int) -> bytes:
         scratch = mmap.mmap(-1, max(length, 1))
         view = memoryview(scratch)[:length]
         try:
-            n = await self.sink.read_into(offset, view)
+            n = await self.sink(hid).read_into(offset, view)
             return bytes(view[:n])
         finally:
             view.release()
             scratch.close()
 
-    async def do_size(self) -> int:
-        return await self.sink.size()
+    async def do_size(self, hid: int) -> int:
+        return await self.sink(hid).size()
 
-    async def do_delete(self) -> None:
-        await self.sink.delete()
+    async def do_delete(self, hid: int) -> None:
+        await self.sink(hid).delete()
 
-    async def do_describe(self) -> dict[str, Any]:
-        return self.sink.describe()
+    async def do_describe(self, hid: int) -> dict[str, Any]:
+        return self.sink(hid).describe()

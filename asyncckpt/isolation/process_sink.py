@@ -1,12 +1,18 @@
 """``ProcessSink``: any sink, run in a writer process, driven without blocking the loop.
 
+A :class:`WriterProcess` is one child serving any number of objects of one backend (its own
+store: one client for all of them); a :class:`WriterPool` keeps one per backend and shared
+arena for a checkpointer's life, so ten saves start one process (anyio's ``to_process``
+reuses its workers the same way). A :class:`ProcessSink` is the handle of one object in it.
+
 The parent keeps generating into the shared pool; a write sends only ``(offset, arena
 offset, length)`` and the buffer goes back to the pool when the child's acknowledgement (with
 its measured write seconds) arrives. Replies are read by ``loop.add_reader`` on the pipe;
 requests are sent by one dedicated thread, so a stuck child can never block the loop. A
 child that dies is noticed by EOF on the pipe; one that stalls, by ``timeout`` per request.
-Either way the child is killed and reaped, pending calls fail with WriterProcessError, and a
-temporary file the child reported at open is removed by the parent.
+Either way the child is killed and reaped, pending calls fail with WriterProcessError, the
+pool starts a new child for the next object, and a temporary file the child reported at
+open is removed by the parent.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -34,39 +41,31 @@ from .shm import SharedArena
 
 log = logging.getLogger("asyncckpt")
 DEFAULT_TIMEOUT = 300.0
+_HANDLES = itertools.count(1)  # object ids within any writer process (unique per parent)
 _INLINE_READ = 1 << 20  # reads into caller memory come back in pieces this big
 
 
-class ProcessSink(Sink):
-    """Runs ``make_sink(uri, backend=...)`` in a child process started by ``policy``."""
-
-    backend = "process"  # replaced per instance by the wrapped backend's name
+class WriterProcess:
+    """One writer child for backend ``backend``: started on first use, reused until closed."""
 
     def __init__(
         self,
-        uri: str,
+        backend: str,
         *,
         executor: Executor,
         options: SinkOptions,
-        backend: str | None,
         policy: WriterPolicy,
-        timeout: float = DEFAULT_TIMEOUT,
-        child_threads: int = 8,
+        timeout: float,
+        child_threads: int,
+        arena: SharedArena | None,
     ) -> None:
-        super().__init__(uri, executor=executor, options=options)
-        if policy.isolation != "process" or policy.start_method is None:
-            raise ConfigError(f"ProcessSink needs a process isolation policy, got {policy}")
-        if not timeout > 0:
-            raise ConfigError(f"writer timeout must be > 0 s, got {timeout!r}")
-        name = resolve_backend(uri, backend)
-        # results and the pipeline see the wrapped backend's name and default window
-        setattr(self, "backend", name)  # noqa: B010 - instance value shadows the class default
-        setattr(self, "default_in_flight", backend_class(name).default_in_flight)  # noqa: B010
-        self.inner_backend = name
+        self.backend = backend
+        self.executor = executor
+        self.options = options
         self.policy = policy
         self.timeout = timeout
         self.child_threads = child_threads
-        self.arena: SharedArena | None = None
+        self.arena = arena
         self._proc: BaseProcess | None = None
         self._pid: int | None = None
         self._conn: Connection | None = None
@@ -78,28 +77,18 @@ class ProcessSink(Sink):
         self._dead: str | None = None  # why the writer is gone; each raise gets a fresh error
         self._exit_task: asyncio.Task[None] | None = None
         self._start_lock = asyncio.Lock()
-        self._temp_path: str | None = None
-        self._facts: dict[str, Any] = {}
-
-    def attach_arena(self, arena: SharedArena) -> None:
-        """Let writes from ``arena`` (the shared pool) travel as offsets, not bytes."""
-        if self._proc is not None:
-            raise RuntimeError("attach the arena before the writer process starts")
-        self.arena = arena
 
     @property
     def pid(self) -> int | None:
         """The writer process's pid (kept after it exited, for messages and results)."""
         return self._pid
 
-    def check(self) -> None:
-        if self.inner_backend in LOCAL_BACKENDS:  # cheap, importless: fail before a child starts
-            make_sink(
-                self.uri, backend=self.inner_backend, executor=self.executor, options=self.options
-            ).check()
+    @property
+    def usable(self) -> bool:
+        """Whether a new object may use it: not dead, not closing."""
+        return self._dead is None and not self._closing
 
-    # -- the child ---------------------------------------------------------------------
-    async def _ensure_started(self) -> None:
+    async def start(self) -> None:
         async with self._start_lock:
             if self._dead is not None:
                 raise WriterProcessError(self._dead)
@@ -111,8 +100,7 @@ class ProcessSink(Sink):
             ctx: Any = multiprocessing.get_context(method)  # typeshed's BaseContext lacks Process
             parent_conn, child_conn = ctx.Pipe(duplex=True)
             spec = child.ChildSpec(
-                uri=self.uri,
-                backend=self.inner_backend,
+                backend=self.backend,
                 options=self.options,
                 arena_path=self.arena.path if self.arena is not None else None,
                 arena_size=self.arena.size if self.arena is not None else 0,
@@ -139,11 +127,13 @@ class ProcessSink(Sink):
             # larger than the socket buffer would then fail half-way with EAGAIN
             os.set_blocking(parent_conn.fileno(), True)
             self._reading = True
+            # the child imports the client library now: part of starting, not of the first
+            # storage call (which the stall watchdog times)
+            await self._request("warm", 0)
             log.info(
-                "writer process pid %s for %s (%s): start method %s from %s; %s",
+                "writer process pid %s (%s): start method %s from %s; %s",
                 proc.pid,
-                self.uri,
-                self.inner_backend,
+                self.backend,
                 method,
                 self.policy.source,
                 self.policy.reason,
@@ -233,8 +223,13 @@ class ProcessSink(Sink):
             )
             raise WriterProcessError(self._dead) from None
 
-    async def _call(self, kind: str, *args: Any) -> Any:
-        await self._ensure_started()
+    async def call(self, kind: str, *args: Any) -> Any:
+        """One request (``kind``, handle id, arguments) and its reply; a cancelled caller
+        still waits for the reply: the child may be reading the caller's buffer."""
+        await self.start()
+        return await self._request(kind, *args)
+
+    async def _request(self, kind: str, *args: Any) -> Any:
         if self._dead is not None:
             raise WriterProcessError(self._dead)
         rid = next(self._ids)
@@ -244,8 +239,6 @@ class ProcessSink(Sink):
         try:
             return await asyncio.shield(job)
         except asyncio.CancelledError:
-            # the child may still be reading the caller's buffer: like run_blocking, return
-            # only once it has answered, died or timed out
             while not job.done():
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.wait([job])
@@ -255,14 +248,15 @@ class ProcessSink(Sink):
         finally:
             self._pending.pop(rid, None)
 
-    async def _shutdown(self) -> None:
+    async def aclose(self) -> None:
         proc = self._proc
         if proc is None:
-            return
-        if self._dead is None and self._reading:
             self._closing = True
+            return
+        self._closing = True  # its EOF after "close" is the exit asked for, not a failure
+        if self._dead is None and self._reading:
             with contextlib.suppress(WriterProcessError):
-                await self._call("close")
+                await self.call("close", 0)
         self._stop_reading()
         if self._exit_task is not None:
             await self._exit_task
@@ -278,9 +272,124 @@ class ProcessSink(Sink):
         proc.close()
         self._proc, self._dead = None, self._dead or "the writer process was closed"
 
+
+class WriterPool:
+    """One :class:`WriterProcess` per (backend, arena) for a checkpointer's life; a dead one is
+    replaced by the next object that asks. Closed (every child reaped) by ``aclose``."""
+
+    def __init__(self) -> None:
+        self._writers: dict[tuple[str, str | None], WriterProcess] = {}
+        self._retired: list[WriterProcess] = []
+        self.started = 0  # writer processes made (tests count them)
+
+    def get(
+        self, backend: str, arena: SharedArena | None, make: Callable[[], WriterProcess]
+    ) -> WriterProcess:
+        key = (backend, arena.path if arena is not None else None)
+        writer = self._writers.get(key)
+        if writer is None or not writer.usable:
+            if writer is not None:
+                self._retired.append(writer)
+            writer = self._writers[key] = make()
+            self.started += 1
+        return writer
+
+    async def aclose(self) -> None:
+        writers, self._writers = [*self._retired, *self._writers.values()], {}
+        self._retired = []
+        for writer in writers:
+            await writer.aclose()
+
+
+class ProcessSink(Sink):
+    """The handle of one object served by a writer process (of ``pool``, else its own)."""
+
+    backend = "process"  # replaced per instance by the wrapped backend's name
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        executor: Executor,
+        options: SinkOptions,
+        backend: str | None,
+        policy: WriterPolicy,
+        timeout: float = DEFAULT_TIMEOUT,
+        child_threads: int = 8,
+        pool: WriterPool | None = None,
+    ) -> None:
+        super().__init__(uri, executor=executor, options=options)
+        if policy.isolation != "process" or policy.start_method is None:
+            raise ConfigError(f"ProcessSink needs a process isolation policy, got {policy}")
+        if not timeout > 0:
+            raise ConfigError(f"writer timeout must be > 0 s, got {timeout!r}")
+        name = resolve_backend(uri, backend)
+        # results and the pipeline see the wrapped backend's name and default window
+        setattr(self, "backend", name)  # noqa: B010 - instance value shadows the class default
+        setattr(self, "default_in_flight", backend_class(name).default_in_flight)  # noqa: B010
+        self.inner_backend = name
+        self.policy = policy
+        self.timeout = timeout
+        self.child_threads = child_threads
+        self.arena: SharedArena | None = None
+        self._pool = pool
+        self._writer: WriterProcess | None = None
+        self._hid = next(_HANDLES)
+        self._bound = False
+        self._temp_path: str | None = None
+        self._facts: dict[str, Any] = {}
+
+    def attach_arena(self, arena: SharedArena) -> None:
+        """Let writes from ``arena`` (the shared pool) travel as offsets, not bytes."""
+        if self._writer is not None and self._writer.arena is not arena:
+            raise RuntimeError("attach the arena before the writer process is chosen")
+        self.arena = arena
+
+    @property
+    def pid(self) -> int | None:
+        """The writer process's pid (kept after it exited, for messages and results)."""
+        return self._writer.pid if self._writer is not None else None
+
+    def check(self) -> None:
+        if self.inner_backend in LOCAL_BACKENDS:  # cheap, importless: fail before a child starts
+            make_sink(
+                self.uri, backend=self.inner_backend, executor=self.executor, options=self.options
+            ).check()
+
+    def _make_writer(self) -> WriterProcess:
+        return WriterProcess(
+            self.inner_backend,
+            executor=self.executor,
+            options=self.options,
+            policy=self.policy,
+            timeout=self.timeout,
+            child_threads=self.child_threads,
+            arena=self.arena,
+        )
+
+    def _chosen(self) -> WriterProcess:
+        if self._writer is None:
+            if self._pool is not None:
+                self._writer = self._pool.get(self.inner_backend, self.arena, self._make_writer)
+            else:
+                self._writer = self._make_writer()
+        return self._writer
+
+    async def _call(self, kind: str, *args: Any) -> Any:
+        writer = self._chosen()
+        if not self._bound:
+            await writer.call("bind", self._hid, self.uri)
+            self._bound = True
+        return await writer.call(kind, self._hid, *args)
+
+    async def kill(self, why: str) -> None:
+        """Kill the writer now (the stall watchdog): pending calls fail, nothing waits on it."""
+        if self._writer is not None:
+            await self._writer.kill(why)
+
     # -- the Sink interface ------------------------------------------------------------
     async def start(self) -> None:
-        await self._ensure_started()
+        await self._chosen().start()
 
     async def open(self, size: int) -> None:
         facts = await self._call("open", size)
@@ -299,7 +408,7 @@ class ProcessSink(Sink):
         return dict(timings)
 
     async def abort(self) -> None:
-        if self._proc is not None and self._dead is None:
+        if self._writer is not None and self._writer.usable and self._bound:
             with contextlib.suppress(Exception):
                 await self._call("abort")
                 self._temp_path = None
@@ -331,7 +440,16 @@ class ProcessSink(Sink):
         await self._call("delete")
 
     async def aclose(self) -> None:
-        await self._shutdown()
+        writer = self._writer
+        if writer is None:
+            return
+        if self._pool is None:
+            await writer.aclose()  # a writer of its own: reaped with the handle
+            return
+        await self.abort()
+        if writer.usable and self._bound:
+            with contextlib.suppress(Exception):
+                await writer.call("release", self._hid)  # the child closes this object only
 
     def describe(self) -> dict[str, Any]:
         return {**self._facts, **self.policy.facts(), "writer_pid": self.pid}
