@@ -36,6 +36,7 @@ def test_mpirun_two_ranks(tmp_path: Path) -> None:
     check_two_ranks(ranks(tmp_path), "mpi")
 
 
+@pytest.mark.torchrun
 def test_torchrun_two_ranks_gloo(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     proc = torchrun("tests.collectives_child", str(tmp_path), "torch")
