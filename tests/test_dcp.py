@@ -136,6 +136,17 @@ def test_an_uncommitted_checkpoint_is_refused(tmp_path: Path) -> None:
     )
 
 
+def test_conversion_and_strided_destinations(tmp_path: Path) -> None:
+    saved = {"w": torch.randn(300, 200), "v": torch.randn(50, 40)}
+    with AsyncCkptStorageWriter(tmp_path) as writer:
+        dcp.save(saved, storage_writer=writer)
+    into = {"w": torch.zeros(200, 300).t(), "v": torch.zeros(50, 40, dtype=torch.float64)}
+    with AsyncCkptStorageReader(tmp_path) as reader:
+        dcp.load(into, storage_reader=reader)
+    assert not into["w"].is_contiguous() and torch.equal(into["w"], saved["w"])
+    assert into["v"].dtype == torch.float64 and torch.equal(into["v"], saved["v"].double())
+
+
 def test_overwrite(tmp_path: Path) -> None:
     state = state_of(*trained(1))
     with AsyncCkptStorageWriter(tmp_path) as writer:
@@ -158,6 +169,8 @@ def test_overwrite(tmp_path: Path) -> None:
 
 @pytest.mark.torchrun
 def test_two_gloo_ranks_sharded_and_replicated(tmp_path: Path) -> None:
+    with AsyncCkptStorageWriter(tmp_path / "full") as writer:  # one process, unsharded: resharded on load
+        dcp.save(expected(), storage_writer=writer)
     proc = torchrun("tests.dcp_child", "roundtrip", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert sorted(os.listdir(tmp_path / "a")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]

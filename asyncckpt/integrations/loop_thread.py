@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import Any, TypeVar
 
 from ..checkpointer import AsyncCheckpointer
@@ -31,6 +31,7 @@ class CheckpointerThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ckpt: AsyncCheckpointer | None = None
+        self._pending: set[Future[Any]] = set()
 
     def submit(self, job: Job[T]) -> Future[T]:
         """Schedule ``job(checkpointer)`` on the private loop; a concurrent future of its result."""
@@ -40,7 +41,10 @@ class CheckpointerThread:
             assert self._loop is not None
             if threading.current_thread() is self._thread:
                 raise RuntimeError(f"{self._name}: called from its own event loop (it would wait on itself)")
-            return asyncio.run_coroutine_threadsafe(self._call(job), self._loop)
+            future = asyncio.run_coroutine_threadsafe(self._call(job), self._loop)
+            self._pending.add(future)
+            future.add_done_callback(self._pending.discard)
+            return future
 
     def run(self, job: Job[T]) -> T:
         """``job(checkpointer)``, waited for on the calling thread."""
@@ -73,6 +77,7 @@ class CheckpointerThread:
         if loop is None or thread is None:
             return
         try:
+            wait(list(self._pending))  # e.g. an async_save nobody waited for: it completes, then we close
             if self._ckpt is not None:
                 ckpt, self._ckpt = self._ckpt, None
                 asyncio.run_coroutine_threadsafe(ckpt.aclose(), loop).result()
