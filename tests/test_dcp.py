@@ -167,6 +167,13 @@ def test_overwrite(tmp_path: Path) -> None:
     assert into["step"] == 43
 
 
+def zeroed_expected() -> dict[str, Any]:
+    """The 2-rank runs' state, unsharded, every tensor zero: a destination to load into."""
+    into = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else v for k, v in expected().items()}
+    into["optim"] = {k: torch.zeros_like(v) for k, v in expected()["optim"].items()}
+    return into
+
+
 @pytest.mark.torchrun
 def test_two_gloo_ranks_sharded_and_replicated(tmp_path: Path) -> None:
     with AsyncCkptStorageWriter(tmp_path / "full") as writer:  # one process, unsharded: resharded on load
@@ -175,8 +182,7 @@ def test_two_gloo_ranks_sharded_and_replicated(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert sorted(os.listdir(tmp_path / "a")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     # resharded on load: both ranks' shards into one full tensor, in a single process
-    into = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else v for k, v in expected().items()}
-    into["optim"] = {k: torch.zeros_like(v) for k, v in expected()["optim"].items()}
+    into = zeroed_expected()
     with AsyncCkptStorageReader(tmp_path / "a") as reader:
         dcp.load(into, storage_reader=reader)
     assert_identical(into, expected())
@@ -191,8 +197,7 @@ def test_a_rank_killed_mid_save_publishes_nothing(tmp_path: Path) -> None:
     left = sorted(os.listdir(tmp_path / "partial"))  # rank 0's object committed, rank 1's torn mid-write
     assert "__0_0.distcp" in left and "__1_0.distcp" not in left and ".metadata" not in left, left
     assert any(name.startswith(".__1_0.distcp") and name.endswith(".partial") for name in left), left
-    into = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else v for k, v in expected().items()}
-    into["optim"] = {k: torch.zeros_like(v) for k, v in expected()["optim"].items()}
+    into = zeroed_expected()
     with AsyncCkptStorageReader(tmp_path / "prev") as reader:  # the previous checkpoint still loads
         dcp.load(into, storage_reader=reader)
     assert_identical(into, expected())

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from ..checkpointer import AsyncCheckpointer
 from ..config import CheckpointConfig
@@ -119,7 +119,16 @@ class _Storage:
         return join(self.path, METADATA if rank is None else f"__{rank}{METADATA}")
 
     def close(self) -> None:
+        """Stop the checkpointer thread (a write still in flight finishes first)."""
         self.thread.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -153,14 +162,6 @@ class AsyncCkptStorageWriter(_Storage, StorageWriter):
         self.overwrite = overwrite
         self.progress = progress
         self.save_id = str(uuid.uuid4())
-
-    def __enter__(self) -> AsyncCkptStorageWriter:
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         self.reset_path(checkpoint_id)
@@ -267,14 +268,6 @@ class AsyncCkptStorageReader(_Storage, StorageReader):
         self.storage_data: dict[MetadataIndex, ItemLocation] = {}
         self.load_id = str(uuid.uuid4())
 
-    def __enter__(self) -> AsyncCkptStorageReader:
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         self.reset_path(checkpoint_id)
         self.storage_data = {}
@@ -290,7 +283,10 @@ class AsyncCkptStorageReader(_Storage, StorageReader):
                 f"no committed DCP checkpoint at {self.path!r}: {uri!r} does not exist (a save that did not "
                 "finish, or a wrong path)",
             ) from exc
-        metadata = pickle.loads(blob)
+        try:
+            metadata = pickle.loads(blob)  # DCP's own format (and trust model): a pickled Metadata
+        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
+            raise ManifestError(f"{uri!r} is not a readable DCP metadata pickle: {exc}") from exc
         if not isinstance(metadata, Metadata) or not all(
             isinstance(loc, ItemLocation) for loc in (metadata.storage_data or {}).values()
         ):
