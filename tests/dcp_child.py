@@ -1,7 +1,8 @@
 """One rank of a 2-process DCP run: ``python -m tests.dcp_child MODE ROOT`` under torchrun (gloo).
 
 ``roundtrip``: save a sharded + replicated state to ROOT/a through asyncckpt, load it back
-into zeroed tensors of the same sharding, and check every value on every rank; then load
+into zeroed tensors of the same sharding, and check every value on every rank; the same
+with ``dcp.async_save`` to ROOT/b; then load
 ROOT/full (one unsharded save) into the sharded layout (each rank narrows its rows out).
 ``crash``: save ROOT/prev completely, then start ROOT/partial; rank 1 SIGKILLs itself once
 its object is partly written (after its first chunk), in the middle of the save.
@@ -64,6 +65,13 @@ def main(mode: str, root: Path) -> None:
         assert torch.equal(into["replicated"], want["replicated"]), rank
         assert all(torch.equal(into["optim"][k], want["optim"][k]) for k in want["optim"]), rank
         assert into["epoch"] == 7, into["epoch"]
+        with AsyncCkptStorageWriter(root / "b", chunk_size=CHUNK) as w:  # async_save: DCP's own thread
+            dcp.async_save(sharded_state(mesh, zero=False), storage_writer=w).result()
+        again = sharded_state(mesh, zero=True)
+        with AsyncCkptStorageReader(root / "b", chunk_size=CHUNK) as r:
+            dcp.load(again, storage_reader=r)
+        assert torch.equal(again["sharded"].to_local(), want["sharded"].to_local()), rank
+        assert torch.equal(again["replicated"], want["replicated"]) and again["epoch"] == 7, rank
         if (root / "full").exists():  # saved unsharded by one process: each rank reads its slice
             resharded = sharded_state(mesh, zero=True)
             with AsyncCkptStorageReader(root / "full", chunk_size=CHUNK) as r:
