@@ -8,6 +8,7 @@ from .config import CheckpointConfig
 from .errors import (
     AsyncCkptError,
     ChecksumMismatchError,
+    CollectiveError,
     ConfigError,
     DirectIOError,
     IntegrityError,
@@ -38,6 +39,7 @@ __all__ = [
     "CheckpointConfig",
     "ChecksumMismatchError",
     "ChunkRecord",
+    "CollectiveError",
     "ConfigError",
     "DirectIOError",
     "GiB",

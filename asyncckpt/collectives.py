@@ -28,13 +28,9 @@ from typing import Any, TypeVar
 from . import launcher
 from ._blocking import run_blocking
 from .distributed import get_comm
-from .errors import AsyncCkptError, ConfigError
+from .errors import AsyncCkptError, CollectiveError, ConfigError
 
 T = TypeVar("T")
-
-
-class CollectiveError(AsyncCkptError, RuntimeError):
-    """A collective failed in the transport (a peer died, a timeout, a broken connection)."""
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,10 @@ class WriterProcessError(AsyncCkptError, RuntimeError):
     """The isolated writer process died, stalled or failed."""
 
 
+class CollectiveError(AsyncCkptError, RuntimeError):
+    """A collective failed in the transport (a peer died, a timeout, a broken connection)."""
+
+
 class StallError(AsyncCkptError, TimeoutError):
     """Storage made no progress for ``stall_timeout`` seconds; ``stage`` names the stuck call
     (``open``, ``write part 3``, ``complete``, ``abort``, ``read at offset …``)."""
