@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 _PART = re.compile(r"^PUT \S*partNumber=(\d+)")
 
@@ -165,3 +165,15 @@ class FaultyFront:
             + payload
         )
         await writer.drain()
+
+
+@contextlib.asynccontextmanager
+async def counting(endpoint: str) -> AsyncIterator[tuple[FaultyFront, str]]:
+    """A relay before ``endpoint`` that spoils nothing and counts (parts at once, connections);
+    yields it and its URL, and stops it afterwards."""
+    front = FaultyFront(endpoint, "pass", is_part, times=0)
+    url = await front.start()
+    try:
+        yield front, url
+    finally:
+        await front.stop()

@@ -18,7 +18,7 @@ from asyncckpt.isolation import resolve_policy
 from asyncckpt.sinks import resolve_backend
 from asyncckpt.sinks.s3 import installed
 
-from .relay import FaultyFront, is_part
+from .relay import counting
 from .s3_harness import CHUNK, in_child, new_bucket
 
 pytestmark = [
@@ -38,18 +38,12 @@ async def test_default_s3_save_is_isolated_and_keeps_several_parts_in_flight(
     moto_endpoint: S3Endpoint, backend: str | None
 ) -> None:
     bucket = await asyncio.to_thread(new_bucket, moto_endpoint)
-    front = FaultyFront(moto_endpoint.endpoint, "pass", is_part, times=0)
-    url = await front.start()
-    try:
+    async with counting(moto_endpoint.endpoint) as (front, url):
+        options = moto_endpoint.options(endpoint_url=url)
         async with AsyncCheckpointer(
-            chunk_size=CHUNK,
-            num_buffers=4,
-            backend=backend,
-            backend_options=moto_endpoint.options(endpoint_url=url),
-        ) as ckpt:
-            result = await ckpt.save(f"s3://{bucket}/defaults.bin", 6 * CHUNK)
-    finally:
-        await front.stop()
+            chunk_size=CHUNK, num_buffers=4, backend=backend, backend_options=options
+        ) as c:
+            result = await c.save(f"s3://{bucket}/defaults.bin", 6 * CHUNK)
     assert result.metadata.backend == "s3dlio"
     assert result.metadata.extra["isolation"] == "process", result.metadata.extra
     assert result.metadata.max_in_flight > 1

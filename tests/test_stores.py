@@ -16,7 +16,7 @@ from asyncckpt import AsyncCheckpointer
 from asyncckpt.bench.s3endpoint import S3Endpoint
 from asyncckpt.sinks import backend_class
 
-from .relay import FaultyFront, is_part
+from .relay import counting
 from .s3_harness import CHUNK, in_child, new_bucket
 
 pytestmark = [
@@ -30,20 +30,14 @@ ROUNDS = 10
 @pytest.mark.parametrize("backend", ["aiobotocore", "minio"])
 async def test_ten_saves_and_loads_share_one_client(swift_endpoint: S3Endpoint, backend: str) -> None:
     bucket = await asyncio.to_thread(new_bucket, swift_endpoint)
-    front = FaultyFront(swift_endpoint.endpoint, "pass", is_part, times=0)
-    url = await front.start()
-    try:
+    async with counting(swift_endpoint.endpoint) as (front, url):
+        options = swift_endpoint.options(endpoint_url=url)
         async with AsyncCheckpointer(
-            chunk_size=CHUNK,
-            num_buffers=3,
-            backend=backend,
-            backend_options=swift_endpoint.options(endpoint_url=url),
-        ) as ckpt:
+            chunk_size=CHUNK, num_buffers=3, backend=backend, backend_options=options
+        ) as c:
             for i in range(ROUNDS):
-                await ckpt.save(f"s3://{bucket}/c{i}.bin", 2 * CHUNK)
-                await ckpt.load(f"s3://{bucket}/c{i}.bin")
-    finally:
-        await front.stop()
+                await c.save(f"s3://{bucket}/c{i}.bin", 2 * CHUNK)
+                await c.load(f"s3://{bucket}/c{i}.bin")
     window = backend_class(backend).default_in_flight
     # a client keeps its connections: at most a window's worth (+ one for control requests)
     assert front.connections <= window + 2, f"{front.connections} connections for {2 * ROUNDS} objects"
