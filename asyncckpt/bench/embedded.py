@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from ..env import child_environ, exported
 from ..errors import ConfigError, MissingDependencyError, StorageError
 from .embedded_swift import SwiftServer
 from .s3endpoint import S3Endpoint
@@ -50,7 +51,7 @@ class MotoServer:
     def start(self) -> S3Endpoint:
         if importlib.util.find_spec("moto") is None:
             raise MissingDependencyError("moto[server]", "test", "the embedded moto S3 server")
-        env = dict(os.environ)
+        env = child_environ()
         if self.auth:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(self.unauthenticated)
         proc = subprocess.Popen(
@@ -116,16 +117,8 @@ def embedded_s3(kind: str, **swift_options: Any) -> Iterator[S3Endpoint]:
 @contextlib.contextmanager
 def endpoint_environment(ep: S3Endpoint) -> Iterator[None]:
     """Point the AWS_* variables of this process at ``ep``; restore them on exit."""
-    saved = {key: os.environ.get(key) for key in ep.env()}
-    os.environ.update(ep.env())
-    try:
+    with exported(ep.env()):
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 BENCH_BUCKET = "asyncckpt-bench"

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..env import child_environ
 from ..errors import AsyncCkptError
 from ._swift_layout import RING_SCRIPT, SERVERS, render_configs
 from .s3endpoint import S3Endpoint
@@ -74,7 +75,7 @@ def ensure_installed(install: bool = True) -> None:
             f"{why} and cannot install them here (needs root and apt-get); "
             f"run as root: apt-get update && apt-get install -y --no-install-recommends {' '.join(PACKAGES)}"
         )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    env = child_environ(DEBIAN_FRONTEND="noninteractive")
     for cmd in (
         ["apt-get", "update", "-qq"],
         ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES],

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..env import child_environ
 from ..errors import AsyncCkptError
 from ..units import parse_size
 from .embedded_swift import ACCESS_KEY, QUIRKS, REGION, SECRET_KEY, SwiftServer, stop_state
@@ -102,7 +103,7 @@ def _main(args: argparse.Namespace) -> int:
         with server as ep:
             if args.bucket:
                 ep.create_bucket(args.bucket)
-            return subprocess.call(cmd, env={**os.environ, **ep.env()})
+            return subprocess.call(cmd, env=child_environ(**ep.env()))
     if state is not None and _endpoint(state).ready():
         ep = _endpoint(state)  # already running: idempotent start
     else:

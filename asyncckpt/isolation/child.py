@@ -61,6 +61,7 @@ def main(conn: Connection, spec: ChildSpec) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     if spec.environ is not None:
+        # env-write: a forkserver/spawn child takes its parent's environment as of the save
         os.environ.clear()
         os.environ.update(spec.environ)
     if spec.cwd is not None:
