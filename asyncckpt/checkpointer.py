@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
+from . import modes
 from .commit import commit, note_publication
 from .config import CheckpointConfig, validate_size
 from .errors import ConfigError
@@ -33,7 +34,7 @@ from .topology import thread_budget
 from .watchdog import unwrap, watch
 
 log = logging.getLogger("asyncckpt")
-METHODS = ("streaming", "preallocate")
+METHODS = modes.choices(modes.SaveMethod)
 
 
 class AsyncCheckpointer(StateMixin, LoadsMixin):
@@ -156,7 +157,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         size: int | None = None,
         *,
         data: CallerData | None = None,
-        method: str = "streaming",
+        method: modes.SaveMethod = "streaming",
         progress: ProgressFn | None = None,
         expect_crc32c: Sequence[int] | None = None,
     ) -> SaveResult:
@@ -168,8 +169,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         ``expect_crc32c``: per-chunk CRCs the caller computed beforehand (``save_state``); if the
         pipeline's differ, the data changed while being saved and nothing is published.
         """
-        if method not in METHODS:
-            raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        modes.parse("method", method, modes.SaveMethod, fold=False)
         if size is None:
             if data is None or not hasattr(data, "__len__"):
                 raise ConfigError("size is required unless data is a bytes-like object")
