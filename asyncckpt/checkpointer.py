@@ -6,11 +6,11 @@ import asyncio
 import logging
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
 from . import modes
+from ._blocking import Offload, run_blocking
 from .commit import commit, note_publication
 from .config import CheckpointConfig, validate_size
 from .errors import ConfigError
@@ -53,7 +53,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         self.config = config if config is not None else CheckpointConfig.from_options(**options)
         self._budget = thread_budget(self.config.gen_threads)
         self._pool: BufferPool | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: Offload | None = None
         self._lock = asyncio.Lock()
         self._closed = False
         self._stalled = False  # set by the stall watchdog
@@ -81,15 +81,13 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                 self._pool.close()
             self._pool = None
 
-    def _ensure_executor(self) -> ThreadPoolExecutor:
+    def _ensure_executor(self) -> Offload:
         if self._closed:
             raise RuntimeError("AsyncCheckpointer is closed")
         if self._stalled:  # threads may still hold buffers: neither is reused (watchdog.py)
             self._executor, self._pool, self._stalled = None, None, False
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                max_workers=self.config.num_buffers + 2, thread_name_prefix="asyncckpt"
-            )
+            self._executor = Offload(self.config.num_buffers + 2)
         return self._executor
 
     async def _ensure_pool(self, shared: bool = False) -> BufferPool:
@@ -99,7 +97,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         if self._pool is None:
             cls = SharedBufferPool if shared else BufferPool
             pool = cls(self.config.chunk_size, self.config.num_buffers)
-            await asyncio.get_running_loop().run_in_executor(self._ensure_executor(), pool.touch)
+            await run_blocking(self._ensure_executor(), pool.touch)
             self._pool = pool
         return self._pool
 

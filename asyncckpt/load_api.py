@@ -10,11 +10,10 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Literal
 
-from ._blocking import run_blocking
+from ._blocking import Offload, run_blocking
 from .config import ALIGN, CheckpointConfig
 from .errors import ConfigError, IntegrityError, TargetNotFoundError
 from .isolation import SharedBufferPool
@@ -95,7 +94,7 @@ class LoadsMixin:
     def _sink(self, uri: str) -> Sink:
         raise NotImplementedError
 
-    def _ensure_executor(self) -> ThreadPoolExecutor:
+    def _ensure_executor(self) -> Offload:
         raise NotImplementedError
 
     async def _ensure_pool(self, shared: bool = False) -> BufferPool:

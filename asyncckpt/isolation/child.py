@@ -16,11 +16,11 @@ import pickle
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from .._blocking import Offload
 from ..sinks import make_sink
 from ..sinks.base import Sink, SinkOptions
 from .shm import SharedArena
@@ -76,7 +76,7 @@ class _Server:
     def __init__(self, conn: Connection, spec: ChildSpec) -> None:
         self.conn = conn
         self.spec = spec
-        self.executor = ThreadPoolExecutor(spec.threads, thread_name_prefix="asyncckpt-child")
+        self.executor = Offload(spec.threads)
         self.arena = SharedArena.attach(spec.arena_path, spec.arena_size) if spec.arena_path else None
         self.view = memoryview(self.arena) if self.arena is not None else None
         self.tasks: set[asyncio.Task[None]] = set()
