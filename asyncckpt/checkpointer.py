@@ -87,16 +87,24 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         if self._stalled:  # threads may still hold buffers: neither is reused (watchdog.py)
             self._executor, self._pool, self._stalled = None, None, False
         if self._executor is None:
-            self._executor = Offload(self.config.num_buffers + 2)
+            self._executor = self._new_executor()
         return self._executor
+
+    def _new_executor(self) -> Offload:
+        """The thread budget: as many blocking calls at once as buffers, plus open/commit."""
+        return Offload(self.config.num_buffers + 2)
+
+    def _new_pool(self, shared: bool) -> BufferPool:
+        """The buffer pool; in shared memory when a writer process must see it."""
+        cls = SharedBufferPool if shared else BufferPool
+        return cls(self.config.chunk_size, self.config.num_buffers)
 
     async def _ensure_pool(self, shared: bool = False) -> BufferPool:
         if shared and self._pool is not None and not isinstance(self._pool, SharedBufferPool):
             self._pool.close()  # a writer process needs the pool in shared memory; it stays there
             self._pool = None
         if self._pool is None:
-            cls = SharedBufferPool if shared else BufferPool
-            pool = cls(self.config.chunk_size, self.config.num_buffers)
+            pool = self._new_pool(shared)
             await run_blocking(self._ensure_executor(), pool.touch)
             self._pool = pool
         return self._pool
