@@ -37,6 +37,14 @@ log = logging.getLogger("asyncckpt")
 METHODS = modes.choices(modes.SaveMethod)
 
 
+def _release(executor: Offload | None, pool: BufferPool | None, wait: bool) -> None:
+    """Blocking part of ``aclose`` (run off the loop)."""
+    if executor is not None:
+        executor.shutdown(wait=wait)  # a thread stuck in a library (a stall) is not waited for
+    if pool is not None:
+        pool.close()
+
+
 class AsyncCheckpointer(StateMixin, LoadsMixin):
     """Streams checkpoints to storage (and back: ``load``/``iter_load``) without blocking the loop.
 
@@ -68,18 +76,19 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Release the pool and the executor; idempotent."""
+        """Release the pool and the thread budget; idempotent.
+
+        Off the loop thread: unmapping a large pool (and joining threads) took tens of
+        milliseconds on it, a stall for everything else the loop serves.
+        """
         await self._close_state()  # a background staged save finishes first
         self._closed = True
-        if self._executor is not None:
-            executor, self._executor = self._executor, None
-            # every job was awaited (run_blocking never abandons one): threads are idle and
-            # join at once, so this does not block the loop
-            executor.shutdown(wait=not self._stalled)  # a thread stuck in a library is not joined
-        if self._pool is not None:
-            if not self._stalled:  # else a stuck thread may still read it: unmapped when unused
-                self._pool.close()
-            self._pool = None
+        executor, self._executor = self._executor, None
+        pool, self._pool = self._pool, None
+        if self._stalled:  # a stuck thread may still read the pool: unmapped when unused
+            pool = None
+        if executor is not None or pool is not None:
+            await run_blocking(Offload(1), _release, executor, pool, not self._stalled)
 
     def _ensure_executor(self) -> Offload:
         if self._closed:
@@ -101,7 +110,8 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
 
     async def _ensure_pool(self, shared: bool = False) -> BufferPool:
         if shared and self._pool is not None and not isinstance(self._pool, SharedBufferPool):
-            self._pool.close()  # a writer process needs the pool in shared memory; it stays there
+            # a writer process needs the pool in shared memory; it stays there
+            await run_blocking(self._ensure_executor(), self._pool.close)
             self._pool = None
         if self._pool is None:
             pool = self._new_pool(shared)

@@ -26,7 +26,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from .. import modes
-from .._blocking import run_blocking
+from .._blocking import Offload, run_blocking
 from ..config import ALIGN
 from ..errors import ChecksumMismatchError, ConfigError, IntegrityError
 from ..isolation import SharedBufferPool
@@ -160,7 +160,7 @@ class StateMixin(LoadsMixin):
         if isinstance(area, StagingArea):
             if area.pending is not None:
                 await asyncio.wait([area.pending])
-            area.close()
+            await run_blocking(Offload(1), area.close)  # unmapping: off the loop thread
 
     # -- saving ------------------------------------------------------------------------
     @overload
