@@ -270,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="asyncckpt-bench-"))
             if args.embedded_s3 is not None:
-                from .embedded import start_for_bench
+                from ..servers.embedded import start_for_bench
 
                 default_target = start_for_bench(stack, args.embedded_s3)
                 plan = plan if plan.target is not None else plan.with_target(default_target)

@@ -1,6 +1,6 @@
 """Local S3 servers for demos and tests: ``embedded_s3("swift" | "moto")``.
 
-Both yield the same :class:`~asyncckpt.bench.s3endpoint.S3Endpoint`. Swift is a real object
+Both yield the same :class:`~asyncckpt.servers.s3endpoint.S3Endpoint`. Swift is a real object
 store (separate processes, see :mod:`.embedded_swift`); moto is a mock (≈ 0.07 GB/s) in a
 child process that needs ``moto[server]`` (the ``test`` extra).
 """
@@ -55,7 +55,7 @@ class MotoServer:
         if self.auth:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(self.unauthenticated)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncckpt.bench.embedded", "serve-moto"],
+            [sys.executable, "-m", "asyncckpt.servers.embedded", "serve-moto"],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -138,5 +138,5 @@ def start_for_bench(stack: contextlib.ExitStack, kind: str) -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["serve-moto"]:
-        sys.exit("usage: python -m asyncckpt.bench.embedded serve-moto  (internal: MotoServer's child)")
+        sys.exit("usage: python -m asyncckpt.servers.embedded serve-moto  (internal: MotoServer's child)")
     _serve_moto()
