@@ -1,4 +1,12 @@
-"""Running blocking work off the event loop without ever abandoning it mid-flight."""
+"""Running blocking work off the event loop without ever abandoning it mid-flight.
+
+Blocking calls run on anyio's worker threads (``anyio.to_thread.run_sync``), at most as many
+at a time as the owner's :class:`Offload` allows (an ``anyio.CapacityLimiter``): one thread
+budget shared by every sink, source and verifier of a checkpointer, with no pool to create or
+join. :func:`run_blocking` adds the one thing anyio leaves out: ``abandon_on_cancel=False``
+shields only against anyio cancel scopes, and a native asyncio cancellation (``task.cancel()``,
+``asyncio.timeout``, a ``TaskGroup`` failing) would still return while the thread runs on.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +15,40 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import TypeVar
 
+import anyio
+import anyio.to_thread
+
 T = TypeVar("T")
 
 
-async def run_blocking(executor: Executor, fn: Callable[..., T], *args: object) -> T:
-    """Run ``fn(*args)`` in ``executor``; if cancelled, wait for it to finish, then re-raise.
+class Offload(Executor):
+    """A thread budget for :func:`run_blocking`: ``threads`` calls at a time on anyio's threads.
 
+    An :class:`~concurrent.futures.Executor` so that every ``executor=`` parameter (the sinks'
+    included) keeps its type; ``submit`` is not offered, as nothing should wait on it
+    synchronously. The limiter binds to the event loop that first uses it.
+    """
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.limiter = anyio.CapacityLimiter(threads)
+
+
+async def run_blocking(executor: Executor, fn: Callable[..., T], *args: object) -> T:
+    """Run ``fn(*args)`` off the loop; if cancelled, wait for it to finish, then re-raise.
+
+    ``executor``: an :class:`Offload` (anyio's threads, its limiter), or any other executor,
+    whose own threads then run the call (a dedicated thread: MPI's, a test's pool).
     A thread cannot be interrupted. Returning early on cancellation would let the caller
     reuse a buffer the thread is still reading, or close a descriptor it is still writing:
     exactly the data race this library exists to avoid.
     """
-    loop = asyncio.get_running_loop()
-    future = loop.run_in_executor(executor, fn, *args)
+    future: asyncio.Future[T]
+    if isinstance(executor, Offload):
+        call = anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=False, limiter=executor.limiter)
+        future = asyncio.ensure_future(call)
+    else:
+        future = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:

@@ -6,10 +6,11 @@ import asyncio
 import logging
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
+from . import modes
+from ._blocking import Offload, run_blocking
 from .commit import commit, note_publication
 from .config import CheckpointConfig, validate_size
 from .errors import ConfigError
@@ -35,7 +36,15 @@ from .topology import thread_budget
 from .watchdog import unwrap, watch
 
 log = logging.getLogger("asyncckpt")
-METHODS = ("streaming", "preallocate")
+METHODS = modes.choices(modes.SaveMethod)
+
+
+def _release(executor: Offload | None, pool: BufferPool | None, wait: bool) -> None:
+    """Blocking part of ``aclose`` (run off the loop)."""
+    if executor is not None:
+        executor.shutdown(wait=wait)  # a thread stuck in a library (a stall) is not waited for
+    if pool is not None:
+        pool.close()
 
 
 class AsyncCheckpointer(StateMixin, LoadsMixin):
@@ -54,7 +63,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         self.config = config if config is not None else CheckpointConfig.from_options(**options)
         self._budget = thread_budget(self.config.gen_threads)
         self._pool: BufferPool | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: Offload | None = None
         self._lock = asyncio.Lock()
         self._closed = False
         self._stalled = False  # set by the stall watchdog
@@ -72,42 +81,51 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Release the stores' clients, the pool and the executor; idempotent."""
+        """Release the stores' clients, the writer processes, the pool and the thread budget;
+        idempotent.
+
+        Off the loop thread: unmapping a large pool (and joining threads) took tens of
+        milliseconds on it, a stall for everything else the loop serves.
+        """
         await self._close_state()  # a background staged save finishes first
         stores, self._stores, self._retired = [*self._retired, *self._stores.values()], {}, []
         for store in stores:
             await store.aclose()
         await self._writers.aclose()  # every writer process reaped
         self._closed = True
-        if self._executor is not None:
-            executor, self._executor = self._executor, None
-            # every job was awaited (run_blocking never abandons one): threads are idle and
-            # join at once, so this does not block the loop
-            executor.shutdown(wait=not self._stalled)  # a thread stuck in a library is not joined
-        if self._pool is not None:
-            if not self._stalled:  # else a stuck thread may still read it: unmapped when unused
-                self._pool.close()
-            self._pool = None
+        executor, self._executor = self._executor, None
+        pool, self._pool = self._pool, None
+        if self._stalled:  # a stuck thread may still read the pool: unmapped when unused
+            pool = None
+        if executor is not None or pool is not None:
+            await run_blocking(Offload(1), _release, executor, pool, not self._stalled)
 
-    def _ensure_executor(self) -> ThreadPoolExecutor:
+    def _ensure_executor(self) -> Offload:
         if self._closed:
             raise RuntimeError("AsyncCheckpointer is closed")
         if self._stalled:  # threads may still hold buffers: neither is reused (watchdog.py)
             self._executor, self._pool, self._stalled = None, None, False
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                max_workers=self.config.num_buffers + 2, thread_name_prefix="asyncckpt"
-            )
+            self._executor = self._new_executor()
         return self._executor
+
+    def _new_executor(self) -> Offload:
+        """The thread budget: as many blocking calls at once as buffers, plus open/commit."""
+        return Offload(self.config.num_buffers + 2)
+
+    def _new_pool(self, shared: bool) -> BufferPool:
+        """The buffer pool; in shared memory when a writer process must see it."""
+        cls = SharedBufferPool if shared else BufferPool
+        return cls(self.config.chunk_size, self.config.num_buffers)
 
     async def _ensure_pool(self, shared: bool = False) -> BufferPool:
         if shared and self._pool is not None and not isinstance(self._pool, SharedBufferPool):
-            self._pool.close()  # a writer process needs the pool in shared memory; it stays there
+            # a writer process needs the pool in shared memory; it stays there
+            await run_blocking(self._ensure_executor(), self._pool.close)
             self._pool = None
         if self._pool is None:
-            cls = SharedBufferPool if shared else BufferPool
-            pool = cls(self.config.chunk_size, self.config.num_buffers)
-            await asyncio.get_running_loop().run_in_executor(self._ensure_executor(), pool.touch)
+            pool = self._new_pool(shared)
+            await run_blocking(self._ensure_executor(), pool.touch)
             self._pool = pool
         return self._pool
 
@@ -176,7 +194,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         size: int | None = None,
         *,
         data: CallerData | None = None,
-        method: str = "streaming",
+        method: modes.SaveMethod = "streaming",
         progress: ProgressFn | None = None,
         expect_crc32c: Sequence[int] | None = None,
     ) -> SaveResult:
@@ -188,8 +206,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         ``expect_crc32c``: per-chunk CRCs the caller computed beforehand (``save_state``); if the
         pipeline's differ, the data changed while being saved and nothing is published.
         """
-        if method not in METHODS:
-            raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        modes.parse("method", method, modes.SaveMethod, fold=False)
         if size is None:
             if data is None or not hasattr(data, "__len__"):
                 raise ConfigError("size is required unless data is a bytes-like object")

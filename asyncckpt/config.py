@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from . import env, modes
 from .errors import ConfigError
-from .isolation.policy import (
-    ISOLATIONS,
-    START_METHODS,
-    requested_start_method,
-    resolve_policy,
-    validate_choice,
-)
+from .isolation.policy import requested_start_method, resolve_policy
 from .secrets import protect_options
 from .units import GiB, MiB
 
-DATA_GEN_ENV = "ASYNCCKPT_DATA_GEN"
-GENERATORS = ("dgen", "numpy")
+DATA_GEN_ENV = env.DATA_GEN
+GENERATORS = modes.choices(modes.Generator)
 DEFAULT_SEED = 0x5EED
 ALIGN = 4096
 #: one buffer, one write, one verification scratch: a bound a manifest read back is held to too
@@ -46,12 +40,9 @@ def _seconds(name: str, value: object, maximum: float) -> None:
         raise ConfigError(f"{name} must be in (0, {maximum:g}] s, got {value!r}")
 
 
-def default_generator() -> str:
+def default_generator() -> modes.Generator:
     """``ASYNCCKPT_DATA_GEN`` when set (validated), else dgen-py."""
-    value = os.environ.get(DATA_GEN_ENV, "dgen").strip().lower() or "dgen"
-    if value not in GENERATORS:
-        raise ConfigError(f"{DATA_GEN_ENV}={value!r} is not one of {', '.join(GENERATORS)}")
-    return value
+    return env.data_generator()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +56,7 @@ class CheckpointConfig:
 
     chunk_size: int = 32 * MiB
     num_buffers: int = 8
-    generator: str = field(default_factory=default_generator)
+    generator: modes.Generator = field(default_factory=default_generator)
     seed: int = DEFAULT_SEED
     gen_threads: int | None = None  # None: usable CPUs // ranks on this node
     direct_io: bool | None = None
@@ -76,9 +67,9 @@ class CheckpointConfig:
     monitor_interval: float = 0.005
     backend_options: dict[str, Any] = field(default_factory=dict)
     # writer-process isolation: "auto" isolates s3dlio only; see asyncckpt.isolation.policy
-    isolation: str = "auto"
+    isolation: modes.Isolation = "auto"
     # None: ASYNCCKPT_MP_START_METHOD, else MLPS_CHECKPOINT_MP_START_METHOD, else "auto"
-    mp_start_method: str | None = None
+    mp_start_method: modes.StartMethod | None = None
     writer_timeout: float = 300.0  # longest a writer process may take to answer one request
     # no storage call finishing for this long fails the save/load with StallError (watchdog.py)
     stall_timeout: float = 20.0
@@ -100,8 +91,7 @@ class CheckpointConfig:
                 f"got {self.chunk_size}"
             )
         _positive_int("num_buffers", self.num_buffers, 1, MAX_BUFFERS)
-        if not isinstance(self.generator, str) or self.generator not in GENERATORS:
-            raise ConfigError(f"generator must be one of {', '.join(GENERATORS)}, got {self.generator!r}")
+        modes.parse("generator", self.generator, modes.Generator, fold=False)
         _positive_int("seed", self.seed, 0, MAX_SEED)
         if self.gen_threads is not None:
             _positive_int("gen_threads", self.gen_threads, 1, MAX_THREADS)
@@ -126,9 +116,9 @@ class CheckpointConfig:
                     "writes in flight each hold a buffer"
                 )
         _seconds("monitor_interval", self.monitor_interval, 1.0)
-        validate_choice("isolation", self.isolation, ISOLATIONS)
+        modes.parse("isolation", self.isolation, modes.Isolation)
         if self.mp_start_method is not None:
-            validate_choice("mp_start_method", self.mp_start_method, START_METHODS)
+            modes.parse("mp_start_method", self.mp_start_method, modes.StartMethod)
         requested_start_method(self.mp_start_method)  # a bad env value fails here, not mid-run
         _seconds("writer_timeout", self.writer_timeout, MAX_TIMEOUT_S)
         _seconds("stall_timeout", self.stall_timeout, MAX_TIMEOUT_S)

@@ -22,6 +22,7 @@ from typing import Any, NoReturn, TypeVar
 
 from . import launcher, topology
 from ._blocking import run_blocking
+from .env import environ
 from .errors import ConfigError, MissingDependencyError
 
 T = TypeVar("T")
@@ -46,7 +47,7 @@ def launched_by_mpi(env: Mapping[str, str] | None = None) -> bool:
 
 def rank_info_from_env(env: Mapping[str, str] | None = None) -> RankInfo:
     """Rank, size and node-local size from the launchers' variables (no MPI calls)."""
-    e = os.environ if env is None else env
+    e = environ(env)
     found = launcher.detect(e)
     local_size, source = topology.local_ranks(e)
     return RankInfo(

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import errno
 import itertools
-import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -37,11 +36,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from . import env as envvars
+from . import modes
 from .errors import ConfigError
 from .metrics import percentiles
 
 T = TypeVar("T")
-STRATEGIES = ("round_robin", "least_connections", "rank")
+STRATEGIES = modes.choices(modes.LoadBalanceStrategy)
 ENV_VARS = ("S3_ENDPOINT_URIS", "S3_ENDPOINT_TEMPLATE", "S3_ENDPOINT_FILE", "AWS_ENDPOINT_URL")
 _RANGE = re.compile(r"\{(\d+)\.\.\.(\d+)\}")
 #: exceptions (by class name, so no client library is imported) meaning "endpoint unreachable",
@@ -107,17 +108,17 @@ def endpoints_from_env(
     explicit: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[list[str], str]:
     """``(endpoints, source)``; ``([], "none")`` when nothing is configured."""
-    e = os.environ if env is None else env
     if explicit:
         return [validate_endpoint(u) for u in explicit], "argument"
-    if e.get("S3_ENDPOINT_URIS", "").strip():
-        raw = [u for u in e["S3_ENDPOINT_URIS"].split(",") if u.strip()]
+    e = envvars.s3_endpoint_vars(env)
+    if e.uris:
+        raw = [u for u in e.uris.split(",") if u.strip()]
         return [validate_endpoint(u, "S3_ENDPOINT_URIS") for u in raw], "S3_ENDPOINT_URIS"
-    if e.get("S3_ENDPOINT_TEMPLATE", "").strip():
-        urls = expand_template(e["S3_ENDPOINT_TEMPLATE"].strip())
+    if e.template:
+        urls = expand_template(e.template)
         return [validate_endpoint(u, "S3_ENDPOINT_TEMPLATE") for u in urls], "S3_ENDPOINT_TEMPLATE"
-    if e.get("S3_ENDPOINT_FILE", "").strip():
-        path = Path(e["S3_ENDPOINT_FILE"].strip())
+    if e.file:
+        path = Path(e.file)
         try:
             lines = path.read_text().splitlines()
         except OSError as exc:
@@ -127,18 +128,14 @@ def endpoints_from_env(
         if not found:
             raise ConfigError(f"S3_ENDPOINT_FILE {str(path)!r} lists no endpoints")
         return found, "S3_ENDPOINT_FILE"
-    if e.get("AWS_ENDPOINT_URL", "").strip():
-        return [validate_endpoint(e["AWS_ENDPOINT_URL"], "AWS_ENDPOINT_URL")], "AWS_ENDPOINT_URL"
+    if e.aws_endpoint_url:
+        return [validate_endpoint(e.aws_endpoint_url, "AWS_ENDPOINT_URL")], "AWS_ENDPOINT_URL"
     return [], "none"
 
 
-def strategy_from_env(env: Mapping[str, str] | None = None) -> str:
+def strategy_from_env(env: Mapping[str, str] | None = None) -> modes.LoadBalanceStrategy:
     """``S3_LOAD_BALANCE_STRATEGY`` validated; ``round_robin`` when unset."""
-    e = os.environ if env is None else env
-    value = e.get("S3_LOAD_BALANCE_STRATEGY", "").strip().lower() or "round_robin"
-    if value not in STRATEGIES:
-        raise ConfigError(f"S3_LOAD_BALANCE_STRATEGY={value!r} is not one of {', '.join(STRATEGIES)}")
-    return value
+    return envvars.load_balance_strategy(env) or "round_robin"
 
 
 def rank_endpoint(rank: int, env: Mapping[str, str] | None = None) -> str | None:
@@ -219,12 +216,13 @@ class EndpointRouter:
                 "no S3 endpoints: set S3_ENDPOINT_URIS, S3_ENDPOINT_TEMPLATE, "
                 "S3_ENDPOINT_FILE or AWS_ENDPOINT_URL, or pass endpoints"
             )
-        if strategy not in STRATEGIES:
-            raise ConfigError(f"load-balance strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+        checked: modes.LoadBalanceStrategy = modes.parse(
+            "load-balance strategy", strategy, modes.LoadBalanceStrategy, fold=False
+        )
         if down_for_s < 0:
             raise ConfigError(f"down_for_s must be >= 0, got {down_for_s!r}")
         self.endpoints = [validate_endpoint(u) for u in endpoints]
-        self.strategy = strategy
+        self.strategy = checked
         self.rank = rank
         self.down_for_s = down_for_s
         self.max_attempts = max_attempts or len(self.endpoints) + 1
@@ -245,7 +243,7 @@ class EndpointRouter:
         """Endpoints and strategy from arguments, else the environment; rank from MPI."""
         from .distributed import rank_info_from_env
 
-        e = os.environ if env is None else env
+        e = envvars.environ(env)
         urls, _ = endpoints_from_env(explicit, e)
         chosen = strategy or strategy_from_env(e)
         r = rank_info_from_env(e).rank if rank is None else rank

@@ -9,9 +9,9 @@ lacks a member (the checkpointer could not be instantiated) and nothing raises a
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+from ._blocking import Offload
 from .config import CheckpointConfig
 from .pool import BufferPool
 from .sinks.base import Sink
@@ -29,7 +29,7 @@ class CheckpointerCore(Protocol):
         """A sink for ``uri`` (watched for stalls, in a writer process when isolated)."""
         ...
 
-    def _ensure_executor(self) -> ThreadPoolExecutor:
+    def _ensure_executor(self) -> Offload:
         """The executor of blocking work (created on first use)."""
         ...
 

@@ -23,11 +23,11 @@ Ranks on this node are found in the same order, independently (a bare
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from .env import environ
 from .errors import ConfigError
 
 TORCH_LAUNCHER_VARS = ("RANK", "WORLD_SIZE")
@@ -144,7 +144,7 @@ DETECTORS: tuple[Callable[[Mapping[str, str]], Launch | None], ...] = (_torch, _
 
 def detect(env: Mapping[str, str] | None = None) -> Launch:
     """The innermost launcher's view of rank and world size (``none``: a single process)."""
-    e = os.environ if env is None else env
+    e = environ(env)
     for detector in DETECTORS:
         found = detector(e)
         if found is not None:
@@ -175,7 +175,7 @@ def _slurm_local_size(env: Mapping[str, str]) -> tuple[int, str] | None:
 
 def local_size(env: Mapping[str, str] | None = None) -> tuple[int, str] | None:
     """Ranks on this node and the variable it came from; ``None`` when no launcher says."""
-    e = os.environ if env is None else env
+    e = environ(env)
     found = _first(e, LOCAL_SIZE_VARS)
     if found is not None and found[0] >= 1:
         return found
@@ -183,7 +183,7 @@ def local_size(env: Mapping[str, str] | None = None) -> tuple[int, str] | None:
 
 
 def local_rank(env: Mapping[str, str] | None = None) -> int:
-    e = os.environ if env is None else env
+    e = environ(env)
     found = _first(e, LOCAL_RANK_VARS)
     if found is None and in_slurm_step(e):
         found = _first(e, ("SLURM_LOCALID",))

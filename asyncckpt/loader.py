@@ -21,17 +21,22 @@ from ._blocking import run_blocking
 from .errors import ChecksumMismatchError, ConfigError, ManifestError, TargetNotFoundError, TruncatedError
 from .manifest import Manifest, object_name
 from .metrics import CONSUMER, IO, ReadRecord
+from .modes import VerifyMode
 from .monitor import now
 from .pool import BufferPool, PoolBuffer, close_mapping
 from .results import LoadResult
 from .sinks.base import Sink
 from .verify import SYNTHETIC, Mismatch, RegenerateVerifier, Verifier
 
-VERIFY_MODES: dict[object, str] = {True: "checksum", "checksum": "checksum", "regenerate": "regenerate"}
-VERIFY_MODES[False] = "none"
+VERIFY_MODES: dict[object, VerifyMode] = {
+    True: "checksum",
+    "checksum": "checksum",
+    "regenerate": "regenerate",
+    False: "none",
+}
 
 
-def verify_mode(verify: object) -> str:
+def verify_mode(verify: object) -> VerifyMode:
     """``True``/"checksum", "regenerate" or ``False`` → the mode name (ConfigError otherwise)."""
     try:
         return VERIFY_MODES[verify]
@@ -49,7 +54,7 @@ class LoadState:
     size: int = 0
     open_s: float = 0.0
     records: list[ReadRecord] = field(default_factory=list)
-    verify_mode: str = "none"
+    verify_mode: VerifyMode = "none"
     regen_s: float = 0.0
     identity_note: str = ""
     sink_facts: dict[str, Any] = field(default_factory=dict)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from . import launcher
+from .env import environ
 
 #: Environment variables naming the ranks on this node, first present wins (then Slurm's
 #: compressed task list); the launcher module documents the precedence
@@ -88,7 +89,7 @@ def local_ranks(env: Mapping[str, str] | None = None) -> tuple[int, str]:
     """
     if env is None and _measured_local is not None:
         return _measured_local
-    found = launcher.local_size(os.environ if env is None else env)
+    found = launcher.local_size(environ(env))
     return found if found else (1, "default")
 
 

@@ -25,10 +25,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from asyncckpt.bench.embedded import endpoint_environment
-from asyncckpt.bench.embedded_swift import ACCESS_KEY, QUIRKS, REGION, SECRET_KEY, SwiftServer
-from asyncckpt.bench.s3endpoint import S3Endpoint
-from asyncckpt.sinks.s3compat import FAST_CLIENT_CONFIG
+from asyncckpt.servers.embedded import endpoint_environment
+from asyncckpt.servers.embedded_swift import ACCESS_KEY, QUIRKS, REGION, SECRET_KEY, SwiftServer
+from asyncckpt.servers.s3compat import FAST_CLIENT_CONFIG
+from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.units import parse_size
 
 
@@ -421,7 +421,7 @@ def main() -> int:
 
 
 class _external:
-    """A server started elsewhere (e.g. ``python -m asyncckpt.bench.swift start``)."""
+    """A server started elsewhere (e.g. ``python -m asyncckpt.servers.swift start``)."""
 
     def __init__(self, endpoint: str) -> None:
         env = os.environ

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.sinks import MEMORY_STORE, Sink, SinkOptions, make_sink
 from asyncckpt.sinks.s3 import installed
 from asyncckpt.units import MiB

@@ -12,7 +12,7 @@ import threading
 
 import boto3
 
-from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.servers.s3endpoint import S3Endpoint
 
 
 def provision_user(server: S3Endpoint) -> S3Endpoint:

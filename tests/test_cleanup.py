@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from asyncckpt.bench.s3endpoint import S3Endpoint
 from asyncckpt.owner import boot_id, host
+from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .conftest import run_bench
 from .s3_harness import new_bucket

@@ -15,8 +15,8 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 from asyncckpt import ChecksumMismatchError, ConfigError  # noqa: E402
-from asyncckpt.bench.s3endpoint import S3Endpoint  # noqa: E402
 from asyncckpt.integrations.dcp import AsyncCkptStorageReader, AsyncCkptStorageWriter  # noqa: E402
+from asyncckpt.servers.s3endpoint import S3Endpoint  # noqa: E402
 
 from .dcp_child import expected  # noqa: E402
 from .launch import torchrun  # noqa: E402

@@ -13,8 +13,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from asyncckpt.bench.s3endpoint import S3Endpoint
 from asyncckpt.schema import SCHEMA_VERSION, load_schema
+from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .conftest import run_bench
 from .result_schema import assert_valid

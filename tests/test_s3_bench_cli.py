@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.sinks.s3 import installed_backends
 
 from .s3_harness import new_bucket

@@ -13,8 +13,8 @@ import asyncio
 import pytest
 
 from asyncckpt import AsyncCheckpointer
-from asyncckpt.bench.s3endpoint import S3Endpoint
 from asyncckpt.isolation import resolve_policy
+from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.sinks import resolve_backend
 from asyncckpt.sinks.s3 import installed
 

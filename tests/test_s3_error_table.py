@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from asyncckpt import AsyncCheckpointer, MiB
-from asyncckpt.bench.s3endpoint import S3Endpoint
 from asyncckpt.errors import StorageError, StoragePermissionError, TargetNotFoundError
+from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .relay import FaultyFront
 from .s3_harness import in_child, new_bucket

@@ -22,7 +22,7 @@ from asyncckpt import (
     StoragePermissionError,
     TargetNotFoundError,
 )
-from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .conftest import checkpoint_data, expected_bytes
 from .s3_harness import CHUNK, in_child, new_bucket, run_child_suite, s3_backends

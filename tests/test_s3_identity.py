@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from asyncckpt import AsyncCheckpointer, ManifestMissingError
-from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .conftest import expected_bytes
 from .s3_harness import CHUNK, in_child, new_bucket, run_child_suite, s3_backends

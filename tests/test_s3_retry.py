@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from asyncckpt import AsyncCheckpointer, StorageError, StoragePermissionError
-from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .conftest import checkpoint_data, expected_bytes
 from .relay import FaultyFront, is_create, is_part, is_part_2, part_number

@@ -13,8 +13,8 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from asyncckpt.bench.s3endpoint import S3Endpoint
-from asyncckpt.sinks.s3compat import FAST_CLIENT_CONFIG, register_s3compat
+from asyncckpt.servers.s3compat import FAST_CLIENT_CONFIG, register_s3compat
+from asyncckpt.servers.s3endpoint import S3Endpoint
 
 MiB = 1 << 20
 

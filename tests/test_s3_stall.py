@@ -15,7 +15,7 @@ import time
 import pytest
 
 from asyncckpt import AsyncCheckpointer, StallError, StorageError
-from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.sinks.s3 import sink_class
 
 from .s3_harness import CHUNK, S3_IN_PROCESS, in_child, new_bucket, run_child_suite

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncckpt.bench.embedded import MotoServer
-from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.servers.embedded import MotoServer
+from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .s3_server import provision_user
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from asyncckpt import TargetNotFoundError
-from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .plugins.s3servers import selected_kinds
 from .s3_harness import CHUNK, Target, in_child, new_bucket, run_child_suite, s3_backends

@@ -10,7 +10,7 @@ import safetensors.torch
 import torch
 
 from asyncckpt import AsyncCheckpointer, ChecksumMismatchError
-from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .s3_harness import CHUNK, new_bucket
 

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from asyncckpt import AsyncCheckpointer
-from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.sinks import backend_class
 
 from .relay import counting

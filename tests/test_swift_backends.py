@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from asyncckpt import AsyncCheckpointer, MiB, StorageError
-from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .conftest import checkpoint_data, expected_bytes
 from .plugins.s3servers import SMALL_DISK, Servers, endpoint_from_json, endpoint_to_json, small_disk_swift

@@ -18,11 +18,11 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from asyncckpt.bench import embedded_swift
-from asyncckpt.bench.embedded import MOTO_SECRET_KEY
-from asyncckpt.bench.embedded_swift import SECRET_KEY, SwiftServer, SwiftUnavailableError, _group_members
-from asyncckpt.bench.s3endpoint import S3Endpoint
-from asyncckpt.sinks.s3compat import QUIRKS
+from asyncckpt.servers import embedded_swift
+from asyncckpt.servers.embedded import MOTO_SECRET_KEY
+from asyncckpt.servers.embedded_swift import SECRET_KEY, SwiftServer, SwiftUnavailableError, _group_members
+from asyncckpt.servers.s3compat import QUIRKS
+from asyncckpt.servers.s3endpoint import S3Endpoint
 from tests.plugins import s3servers
 from tests.plugins.s3servers import boto3_client
 
@@ -58,7 +58,7 @@ def test_servers_die_with_a_killed_owner(swift_endpoint: S3Endpoint, tmp_path: P
     """A test run killed with SIGKILL (no teardown) must not leave Swift running."""
     code = (
         "import json, sys, time\n"
-        "from asyncckpt.bench.embedded_swift import SwiftServer\n"
+        "from asyncckpt.servers.embedded_swift import SwiftServer\n"
         "s = SwiftServer(install=False); ep = s.start()\n"
         "print(json.dumps({'pids': s.pids, 'root': str(s.root), 'endpoint': ep.endpoint}), flush=True)\n"
         "time.sleep(600)\n"
@@ -102,7 +102,7 @@ def test_start_retries_when_a_chosen_port_is_taken(
 
 def test_cli_start_is_idempotent_and_stop_cleans_up(swift_endpoint: S3Endpoint, tmp_path: Path) -> None:
     state = tmp_path / "state.json"
-    cli = [sys.executable, "-m", "asyncckpt.bench.swift", "--state", str(state), "--no-install"]
+    cli = [sys.executable, "-m", "asyncckpt.servers.swift", "--state", str(state), "--no-install"]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*cli, *args], capture_output=True, text=True, timeout=60)
@@ -130,7 +130,7 @@ def test_cli_run_passes_the_environment(swift_endpoint: S3Endpoint, tmp_path: Pa
         [
             sys.executable,
             "-m",
-            "asyncckpt.bench.swift",
+            "asyncckpt.servers.swift",
             "run",
             "--no-install",
             "--",
@@ -146,7 +146,7 @@ def test_cli_run_passes_the_environment(swift_endpoint: S3Endpoint, tmp_path: Pa
     assert refused(done.stdout.strip())  # stopped after the command
 
 
-# --- how Swift differs from AWS (documented in asyncckpt.sinks.s3compat.QUIRKS) ---
+# --- how Swift differs from AWS (documented in asyncckpt.servers.s3compat.QUIRKS) ---
 
 
 def test_quirks_are_documented(swift_endpoint: S3Endpoint) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from asyncckpt import AsyncCheckpointer, WriterProcessError
-from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.sinks.s3 import installed
 from asyncckpt.units import MiB
 

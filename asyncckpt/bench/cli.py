@@ -15,9 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .. import modes
 from ..config import CheckpointConfig
 from ..distributed import MPIComm, get_comm
 from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
+from ..modes import choices
 from ..topology import world
 from ..units import parse_size
 from .grammar import RESERVED, check_target, split_command
@@ -52,11 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=_size("--size"), default=DEFAULT_SIZE, help="checkpoint size (1GiB)")
     p.add_argument("--chunk-size", type=_size("--chunk-size"), default="32MiB", help="buffer size (32MiB)")
     p.add_argument("--num-buffers", type=int, default=8, help="buffers in the pool (8)")
-    p.add_argument("--generator", choices=("dgen", "numpy"), default=None, help="data generator")
+    p.add_argument("--generator", choices=choices(modes.Generator), default=None, help="data generator")
     p.add_argument("--gen-threads", type=int, default=None, help="override generator threads")
     p.add_argument("--seed", type=int, default=None, help="generator seed")
-    p.add_argument("--method", choices=("streaming", "preallocate", "both"), default="streaming")
-    p.add_argument("--direct-io", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--method", choices=choices(modes.BenchMethod), default="streaming")
+    p.add_argument("--direct-io", choices=choices(modes.DirectIo), default="auto")
     p.add_argument("--no-fsync", action="store_true", help="skip fsync at close")
     p.add_argument("--max-in-flight", type=int, default=None, help="writes in flight")
     p.add_argument("--backend", default=None, help="storage backend (default: from the URI)")
@@ -71,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lb-strategy",
         default=None,
-        choices=("round_robin", "least_connections", "rank"),
+        choices=choices(modes.LoadBalanceStrategy),
         help="how parts are spread over --endpoints (default: S3_LOAD_BALANCE_STRATEGY, else round_robin)",
     )
     p.add_argument(
@@ -96,11 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace a target that exists and is not an asyncckpt checkpoint (refused otherwise)",
     )
     add_load_arguments(p)
-    p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto")
-    p.add_argument("--isolation", choices=("auto", "process", "none"), default="auto", help="writer process")
+    p.add_argument("--loop", choices=choices(modes.LoopKind), default="auto")
+    p.add_argument("--isolation", choices=choices(modes.Isolation), default="auto", help="writer process")
     p.add_argument(
         "--mp-start-method",
-        choices=("auto", "fork", "forkserver", "spawn"),
+        choices=choices(modes.StartMethod),
         default=None,
         help="writer start method (default: ASYNCCKPT_MP_START_METHOD, else auto)",
     )
@@ -116,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     p.add_argument(
         "--embedded-s3",
-        choices=("swift", "moto"),
+        choices=choices(modes.EmbeddedServer),
         default=None,
         help="start a local S3 server for this run (default target s3://asyncckpt-bench/checkpoint.bin)",
     )
@@ -268,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="asyncckpt-bench-"))
             if args.embedded_s3 is not None:
-                from .embedded import start_for_bench
+                from ..servers.embedded import start_for_bench
 
                 default_target = start_for_bench(stack, args.embedded_s3)
                 plan = plan if plan.target is not None else plan.with_target(default_target)

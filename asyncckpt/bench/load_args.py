@@ -8,10 +8,12 @@ from typing import Any
 
 from ..config import CheckpointConfig
 from ..errors import ConfigError, StoragePermissionError
+from ..modes import BenchMode, VerifyMode, choices
 from ..units import parse_size
 
 DROP_CACHES = "/proc/sys/vm/drop_caches"
-VERIFY_CHOICES = {"checksum": "checksum", "regenerate": "regenerate", "none": False}
+#: --verify spelling → load(verify=...); the keys are exactly modes.VerifyMode
+VERIFY_CHOICES: dict[str, str | bool] = {"checksum": "checksum", "regenerate": "regenerate", "none": False}
 
 
 def _size(text: str) -> int:
@@ -25,11 +27,9 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "load", "reading checkpoints back (MLPerf Storage: 10 writes, clear caches, 10 reads)"
     )
-    g.add_argument("--mode", choices=("save", "load", "both"), default="both", help="phases to run (both)")
+    g.add_argument("--mode", choices=choices(BenchMode), default="both", help="phases to run (both)")
     g.add_argument("--num-checkpoints-read", type=int, default=1, help="checkpoints to read back (1)")
-    g.add_argument(
-        "--verify", choices=tuple(VERIFY_CHOICES), default="checksum", help="check loads (checksum)"
-    )
+    g.add_argument("--verify", choices=choices(VerifyMode), default="checksum", help="check loads (checksum)")
     g.add_argument("--num-readers", type=int, default=None, help="reads in flight (backend default)")
     g.add_argument("--read-chunk-size", type=_size, default=None, help="bytes per read (--chunk-size)")
     g.add_argument(

@@ -18,11 +18,11 @@ import pickle
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from .._blocking import Offload
 from ..sinks import BACKENDS, backend_class
 from ..sinks.base import Sink, SinkOptions
 from ..sinks.store import Store
@@ -63,6 +63,7 @@ def main(conn: Connection, spec: ChildSpec) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     if spec.environ is not None:
+        # env-write: a forkserver/spawn child takes its parent's environment as of the save
         os.environ.clear()
         os.environ.update(spec.environ)
     if spec.cwd is not None:
@@ -77,7 +78,7 @@ class _Server:
     def __init__(self, conn: Connection, spec: ChildSpec) -> None:
         self.conn = conn
         self.spec = spec
-        self.executor = ThreadPoolExecutor(spec.threads, thread_name_prefix="asyncckpt-child")
+        self.executor = Offload(spec.threads)
         self.arena = SharedArena.attach(spec.arena_path, spec.arena_size) if spec.arena_path else None
         self.view = memoryview(self.arena) if self.arena is not None else None
         self.tasks: dict[int, set[asyncio.Task[None]]] = {}  # handle id → its requests in flight

@@ -10,16 +10,16 @@ imports no client library and does no I/O, so a bad choice fails before anything
 from __future__ import annotations
 
 import multiprocessing
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .. import env, modes
 from ..errors import ConfigError
 
-ISOLATIONS = ("auto", "process", "none")
-START_METHODS = ("auto", "fork", "forkserver", "spawn")
+ISOLATIONS = modes.choices(modes.Isolation)
+START_METHODS = modes.choices(modes.StartMethod)
 #: read in this order when the caller gives no start method
-START_METHOD_ENV = ("ASYNCCKPT_MP_START_METHOD", "MLPS_CHECKPOINT_MP_START_METHOD")
+START_METHOD_ENV = env.START_METHOD_VARS
 #: backends that write local files or memory: no foreign runtime, fork is safe
 LOCAL_BACKENDS = frozenset({"file", "null", "memory"})
 #: a missing method degrades along this chain
@@ -64,22 +64,14 @@ def is_object_store(backend: str) -> bool:
     return backend not in LOCAL_BACKENDS
 
 
-def validate_choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value.strip().lower() not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
-    return value.strip().lower()
-
-
-def requested_start_method(argument: str | None, environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+def requested_start_method(
+    argument: str | None, environ: Mapping[str, str] | None = None
+) -> tuple[modes.StartMethod, str]:
     """(method, source): the argument, else the first env var set, else "auto"."""
     if argument is not None:
-        return validate_choice("mp_start_method", argument, START_METHODS), "argument"
-    env = os.environ if environ is None else environ
-    for var in START_METHOD_ENV:
-        value = env.get(var, "").strip()
-        if value:
-            return validate_choice(var, value, START_METHODS), var
-    return "auto", "auto"
+        method: modes.StartMethod = modes.parse("mp_start_method", argument, modes.StartMethod)
+        return method, "argument"
+    return env.start_method(environ) or ("auto", "auto")
 
 
 def available(method: str) -> tuple[str, str]:
@@ -100,7 +92,7 @@ def resolve_policy(
     environ: Mapping[str, str] | None = None,
 ) -> WriterPolicy:
     """Decide isolation and start method for ``backend`` (a backend *name*; nothing imported)."""
-    isolation = validate_choice("isolation", isolation, ISOLATIONS)
+    isolation = modes.parse("isolation", isolation, modes.Isolation)
     method, source = requested_start_method(mp_start_method, environ)
     if method == "fork" and is_object_store(backend):
         raise ConfigError(FORK_DEADLOCK.format(backend=backend, source=source))
@@ -119,5 +111,5 @@ def resolve_policy(
     if method == "auto":
         method = "forkserver" if is_object_store(backend) else "fork"
         why += f"; auto start method for {'an object store' if is_object_store(backend) else 'files'}"
-    method, degraded = available(method)
-    return WriterPolicy("process", method, source, why + degraded)
+    started, degraded = available(method)
+    return WriterPolicy("process", started, source, why + degraded)

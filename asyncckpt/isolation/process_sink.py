@@ -30,6 +30,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from .. import env
 from .._blocking import run_blocking
 from ..errors import ConfigError, WriterProcessError
 from ..sinks import backend_class, make_sink, resolve_backend
@@ -106,7 +107,7 @@ class WriterProcess:
                 arena_size=self.arena.size if self.arena is not None else 0,
                 threads=self.child_threads,
                 close_fds=(parent_conn.fileno(),) if method == "fork" else (),
-                environ=dict(os.environ),
+                environ=env.child_environ(),
                 cwd=os.getcwd(),
             )
             proc = ctx.Process(

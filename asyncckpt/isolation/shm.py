@@ -26,12 +26,13 @@ import uuid
 import weakref
 from pathlib import Path
 
+from .. import env, modes
 from ..errors import ConfigError
 from ..pool import BufferPool
 
 PREFIX = "asyncckpt-"
-KIND_ENV = "ASYNCCKPT_SHARED_MEMORY"
-KINDS = ("auto", "memfd", "file")
+KIND_ENV = env.SHARED_MEMORY
+KINDS = modes.choices(modes.SharedMemoryKind)
 
 
 def shm_dir() -> Path:
@@ -40,11 +41,11 @@ def shm_dir() -> Path:
     return shm if shm.is_dir() else Path(tempfile.gettempdir())
 
 
-def resolve_kind(kind: str | None = None) -> str:
+def resolve_kind(kind: str | None = None) -> modes.SharedMemoryKind:
     """``kind``, else ``ASYNCCKPT_SHARED_MEMORY``, else memfd where available, else file."""
-    value = (kind or os.environ.get(KIND_ENV, "") or "auto").strip().lower()
-    if value not in KINDS:
-        raise ConfigError(f"shared memory kind must be one of {', '.join(KINDS)}, got {value!r}")
+    value: modes.SharedMemoryKind = (
+        modes.parse("shared memory kind", kind, modes.SharedMemoryKind) if kind else env.shared_memory_kind()
+    )
     has_memfd = hasattr(os, "memfd_create") and os.path.isdir(f"/proc/{os.getpid()}/fd")
     if value == "memfd" and not has_memfd:
         raise ConfigError("memfd shared memory needs Linux memfd_create and /proc; use 'file'")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from ..modes import Generator, choices
 from .base import Source, ThreadedSource, fill_sequentially
 from .caller import CallerData, CallerSource
 from .dgen import DgenSource, pool_threads
 from .numpy_gen import NumpySource
 
-GENERATORS = ("dgen", "numpy")
+GENERATORS = choices(Generator)
 
 
 def make_source(

@@ -15,6 +15,7 @@ import os
 import threading
 from typing import Any
 
+from ..env import export
 from ..errors import MissingDependencyError
 from .base import ThreadedSource
 
@@ -47,8 +48,7 @@ def _start_pool(threads: int) -> None:
         if _pool_requested is not None:
             return
         dgen_py = _import_dgen()
-        os.environ["DGEN_THREADS"] = str(threads)
-        os.environ["RAYON_NUM_THREADS"] = str(threads)
+        export({"DGEN_THREADS": str(threads), "RAYON_NUM_THREADS": str(threads)})  # read at pool start
         before = _thread_ids()
         dgen_py.Generator(size=4096, seed=0)
         new = _thread_ids() - before

@@ -25,7 +25,8 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from .._blocking import run_blocking
+from .. import modes
+from .._blocking import Offload, run_blocking
 from ..config import ALIGN
 from ..errors import ChecksumMismatchError, ConfigError, IntegrityError
 from ..isolation import SharedBufferPool
@@ -41,7 +42,7 @@ from . import chunks, dtypes
 from .arrays import Destination, SaveTensor, allocate, bind, prepare
 from .flatten import Leaf, flatten, path_text, unflatten
 from .header import asyncckpt_metadata, read_prefix
-from .results import STAGING_MODES, StagedSave, StagingMode, StateLoadResult, StateSaveResult
+from .results import StagedSave, StateLoadResult, StateSaveResult
 from .safetensors_format import (
     FORMAT_VALUE,
     K_CHUNK,
@@ -139,7 +140,7 @@ class StateMixin(LoadsMixin):
         size: int | None = None,
         *,
         data: CallerData | None = None,
-        method: str = "streaming",
+        method: modes.SaveMethod = "streaming",
         progress: ProgressFn | None = None,
         expect_crc32c: Sequence[int] | None = None,
     ) -> SaveResult:
@@ -159,7 +160,7 @@ class StateMixin(LoadsMixin):
         if isinstance(area, StagingArea):
             if area.pending is not None:
                 await asyncio.wait([area.pending])
-            area.close()
+            await run_blocking(Offload(1), area.close)  # unmapping: off the loop thread
 
     # -- saving ------------------------------------------------------------------------
     @overload
@@ -190,7 +191,7 @@ class StateMixin(LoadsMixin):
         uri: str | os.PathLike[str],
         state: Mapping[Any, Any],
         *,
-        staging: StagingMode | str,
+        staging: modes.StagingMode | str,
         metadata: Mapping[str, str] | None = None,
         progress: ProgressFn | None = None,
     ) -> StateSaveResult | StagedSave: ...
@@ -200,7 +201,7 @@ class StateMixin(LoadsMixin):
         uri: str | os.PathLike[str],
         state: Mapping[Any, Any],
         *,
-        staging: StagingMode | str = "none",
+        staging: modes.StagingMode | str = "none",
         metadata: Mapping[str, str] | None = None,
         progress: ProgressFn | None = None,
     ) -> StateSaveResult | StagedSave:
@@ -211,8 +212,7 @@ class StateMixin(LoadsMixin):
         published). ``staging="host"``: they are copied into a reusable staging area and a
         :class:`StagedSave` is returned at once; ``await`` it for the durable result.
         """
-        if staging not in STAGING_MODES:
-            raise ConfigError(f"staging must be one of {', '.join(STAGING_MODES)}, got {staging!r}")
+        staging = modes.parse("staging", staging, modes.StagingMode, fold=False)
         target = _uri(uri)
         await self._check_target(target)
         if staging == "host":
@@ -292,7 +292,7 @@ class StateMixin(LoadsMixin):
     def _state_result(
         self,
         p: _Plan,
-        staging: str,
+        staging: modes.StagingMode,
         blocked: float,
         waited: float,
         copy_s: float,

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from ..modes import StagingMode as StagingMode  # re-exported: asyncckpt.state.StagingMode
+from ..modes import choices
 from ..results import LoadResult, SaveResult
 
-StagingMode = Literal["none", "host"]
-STAGING_MODES: tuple[str, ...] = ("none", "host")
+STAGING_MODES = choices(StagingMode)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,7 +24,7 @@ class StateSaveResult:
     """
 
     uri: str
-    staging: str
+    staging: StagingMode
     blocked_s: float
     waited_s: float
     copy_s: float

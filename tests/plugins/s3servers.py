@@ -7,9 +7,9 @@ Interface — what S3 suites rely on (registered in tests/conftest.py via ``pyte
   reason*; ``--s3-server=swift`` turns that into an error. A Swift that is installed but
   fails to start is always an error.
 - ``s3_endpoint`` (session scope, parametrized by server → test ids ``[moto]``/``[swift]``):
-  an :class:`asyncckpt.bench.s3endpoint.S3Endpoint` with ``kind``, ``endpoint``,
+  an :class:`asyncckpt.servers.s3endpoint.S3Endpoint` with ``kind``, ``endpoint``,
   ``access_key``, ``secret_key``, ``region``, ``quirks`` (how it differs from AWS, keys of
-  :data:`asyncckpt.sinks.s3compat.QUIRKS`) and ``env()`` (AWS_* variables), ``options(**extra)``
+  :data:`asyncckpt.servers.s3compat.QUIRKS`) and ``env()`` (AWS_* variables), ``options(**extra)``
   (S3 ``backend_options``), ``client_kwargs()`` (for boto3/aiobotocore), ``client()`` (a boto3
   client, path style, one attempt, Swift workarounds), ``create_bucket(name=None) -> str`` (a
   fresh unique bucket), ``request()`` (a signed raw request). Any test or fixture
@@ -21,7 +21,7 @@ Interface — what S3 suites rely on (registered in tests/conftest.py via ``pyte
 - ``s3_bucket``: a fresh bucket on ``s3_endpoint``. ``s3_client``: a boto3 client for it
   (path style, one attempt, Swift's DeleteObjects workaround registered) to verify results.
 - ``swift_endpoint`` / ``moto_endpoint``: one server only (session scope).
-- moto runs in a child process (:class:`asyncckpt.bench.embedded.MotoServer`): in the test
+- moto runs in a child process (:class:`asyncckpt.servers.embedded.MotoServer`): in the test
   process it would hold the GIL and stall event loops the blocking-call detector watches.
 - A child pytest started with :func:`shared_server_env` reuses the parent's server.
 - ``swift_small_disk``: a separate Swift whose data lives on a small tmpfs (root only;
@@ -40,9 +40,9 @@ from typing import Any
 
 import pytest
 
-from asyncckpt.bench.embedded import MotoServer
-from asyncckpt.bench.embedded_swift import SwiftServer, SwiftUnavailableError
-from asyncckpt.bench.s3endpoint import S3Endpoint
+from asyncckpt.servers.embedded import MotoServer
+from asyncckpt.servers.embedded_swift import SwiftServer, SwiftUnavailableError
+from asyncckpt.servers.s3endpoint import S3Endpoint
 
 KINDS = ("moto", "swift")
 SMALL_DISK = 16 << 20

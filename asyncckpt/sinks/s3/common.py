@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar
 
+from ... import env
 from ..._blocking import run_blocking
 from ...endpoints import EndpointRouter
 from ...errors import ConfigError, StorageError, StoragePermissionError, TargetNotFoundError
@@ -377,8 +378,6 @@ def export_to_environment(settings: S3Settings) -> tuple[object, ...]:
     backends (in an isolated writer process it touches the child alone). Returns a
     fingerprint to detect a second, conflicting configuration in the same process.
     """
-    import os
-
     values = {
         "AWS_ENDPOINT_URL": settings.endpoint_url,
         "AWS_ACCESS_KEY_ID": settings.access_key_id,
@@ -388,11 +387,9 @@ def export_to_environment(settings: S3Settings) -> tuple[object, ...]:
         "AWS_DEFAULT_REGION": settings.region,
         "AWS_CA_BUNDLE": settings.ca_bundle,
     }
-    for name, value in values.items():
-        if value is not None:
-            os.environ[name] = value
+    env.export({name: value for name, value in values.items() if value is not None})
     if settings.access_key_id is not None and settings.session_token is None:
-        os.environ.pop("AWS_SESSION_TOKEN", None)  # a stale token would not match the new key
+        env.export({"AWS_SESSION_TOKEN": None})  # a stale token would not match the new key
     # the fingerprint keeps secrets wrapped (Secret compares by value, prints masked)
     return (
         *(v for k, v in values.items() if k not in _SECRET_VARS),

@@ -24,26 +24,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ... import env as env_vars
 from ...errors import ConfigError
+from ...modes import ChecksumMode, choices
 from ...secrets import Secret, as_secret, check_no_userinfo
 from ...units import GiB, MiB, parse_size
 
 MIN_PART = 5 * MiB
 MAX_PART = 5 * GiB
 MAX_PARTS = 10_000
-CHECKSUM_MODES = ("when_required", "when_supported")
+CHECKSUM_MODES = choices(ChecksumMode)
 DEFAULT_REGION = "us-east-1"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 
-#: backend_options key → environment variable(s), first set wins
-_ENV_KEYS: dict[str, tuple[str, ...]] = {
-    "endpoint_url": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
-    "access_key_id": ("AWS_ACCESS_KEY_ID",),
-    "secret_access_key": ("AWS_SECRET_ACCESS_KEY",),
-    "session_token": ("AWS_SESSION_TOKEN",),
-    "region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
-    "ca_bundle": ("AWS_CA_BUNDLE",),
-}
+#: backend_options key → environment variable(s), first set wins (defined in asyncckpt.env)
+_ENV_KEYS = env_vars.AWS_VARIABLES
 _OPTION_KEYS = frozenset(
     {*_ENV_KEYS, "path_style", "part_size", "max_in_flight", "payload_signing", "checksums"}
     | {"max_attempts", "connect_timeout", "request_timeout", "dotenv", "endpoints", "lb_strategy"}
@@ -138,7 +133,7 @@ class S3Settings:
     part_size: int | None = None  # None: the pipeline's chunk size (one chunk = one part)
     max_in_flight: int = 8  # parts a library uploads concurrently inside one writer
     payload_signing: bool = False
-    checksums: str = "when_required"
+    checksums: ChecksumMode = "when_required"
     max_attempts: int = 3
     connect_timeout: float = 5.0
     #: longest one request waits on the server before it fails (and is retried); docs/s3.md
@@ -197,7 +192,7 @@ class S3Settings:
             raise ConfigError(
                 f"unknown S3 backend option(s) {', '.join(unknown)}; known: {', '.join(sorted(_OPTION_KEYS))}"
             )
-        env = os.environ if env is None else env
+        env = env_vars.environ(env)
         dotenv: Mapping[str, str] = {}
         dotenv_opt = options.get("dotenv", True)
         if dotenv_opt is not False:
@@ -301,7 +296,7 @@ def _resolve_endpoints(
         values["lb_strategy_explicit"] = True
     else:
         values["lb_strategy"] = strategy_from_env(env)
-        if env.get("S3_LOAD_BALANCE_STRATEGY", "").strip():
+        if env_vars.load_balance_strategy(env) is not None:
             values["lb_strategy_explicit"] = True
             sources["lb_strategy"] = "environment S3_LOAD_BALANCE_STRATEGY"
 

@@ -19,6 +19,7 @@ import math
 import threading
 from typing import Any
 
+from ... import env
 from ..._blocking import run_blocking
 from ...errors import ConfigError, MissingDependencyError, StorageError
 from .common import ErrorFields, export_to_environment, fields_from_text, log, storage_error
@@ -40,19 +41,21 @@ def _configure(sink: S3dlioSink) -> None:
     """Configure s3dlio's process-wide client once; refuse a conflicting second setup."""
     global _configured
     s = sink.settings
-    import os
-
     fingerprint = (*export_to_environment(s), s.payload_signing, s.request_timeout, s.connect_timeout)
     with _config_lock:
         if _configured is None:
             # read once, when s3dlio builds its client; whole seconds. The operation timeout
             # covers a whole request (a part upload included); a value the user exported wins
-            os.environ.setdefault("S3DLIO_OPERATION_TIMEOUT_SECS", str(math.ceil(s.request_timeout)))
-            os.environ.setdefault("S3DLIO_CONNECT_TIMEOUT_SECS", str(math.ceil(s.connect_timeout)))
-            if s.payload_signing:
-                os.environ.pop("S3DLIO_UNSIGNED_PAYLOAD", None)
-            else:
-                os.environ["S3DLIO_UNSIGNED_PAYLOAD"] = "1"
+            env.export(
+                {
+                    name: env.s3dlio_variable(name) or value  # a value the user exported wins
+                    for name, value in (
+                        ("S3DLIO_OPERATION_TIMEOUT_SECS", str(math.ceil(s.request_timeout))),
+                        ("S3DLIO_CONNECT_TIMEOUT_SECS", str(math.ceil(s.connect_timeout))),
+                    )
+                }
+            )
+            env.export({"S3DLIO_UNSIGNED_PAYLOAD": None if s.payload_signing else "1"})
             s3dlio.configure_s3(endpoint_url=s.endpoint_url, region=s.region, ca_bundle=s.ca_bundle)
             _configured = fingerprint
         elif _configured != fingerprint:

@@ -2,7 +2,7 @@
 
 Verified against OpenStack Swift 2.30.1 + s3api (Debian 12) with botocore/boto3 1.43 and
 aiobotocore 3.10 over plain HTTP; the keys of :data:`QUIRKS` are what
-:attr:`asyncckpt.bench.s3endpoint.S3Endpoint.quirks` lists for such a server.
+:attr:`asyncckpt.servers.s3endpoint.S3Endpoint.quirks` lists for such a server.
 
 What works unchanged: buckets, put/get, multipart create/upload_part/list_parts/
 list_multipart_uploads/complete (ETag ``md5-of-md5s-N``)/abort (``NoSuchUpload`` after),

@@ -1,5 +1,5 @@
 """Command line of the local Swift S3 server:
-``python -m asyncckpt.bench.swift start|stop|status|run``.
+``python -m asyncckpt.servers.swift start|stop|status|run``.
 
 ``start`` leaves the server running after it returns and records what it started in a state
 file; ``stop`` stops exactly those processes. Both are idempotent. ``start`` prints
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..env import child_environ
 from ..errors import AsyncCkptError
 from ..units import parse_size
 from .embedded_swift import ACCESS_KEY, QUIRKS, REGION, SECRET_KEY, SwiftServer, stop_state
@@ -55,7 +56,7 @@ def _stop(state_file: Path) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m asyncckpt.bench.swift", description="Start or stop a local Swift S3 server."
+        prog="python -m asyncckpt.servers.swift", description="Start or stop a local Swift S3 server."
     )
     p.add_argument("command", choices=("start", "stop", "status", "run"))
     p.add_argument("--state", type=Path, default=DEFAULT_STATE, help=f"state file ({DEFAULT_STATE})")
@@ -75,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(args)
     except AsyncCkptError as exc:
-        print(f"asyncckpt.bench.swift: error: {exc}", file=sys.stderr)
+        print(f"asyncckpt.servers.swift: error: {exc}", file=sys.stderr)
         return 1
 
 
@@ -97,12 +98,12 @@ def _main(args: argparse.Namespace) -> int:
     if args.command == "run":
         cmd = args.argv
         if not cmd:
-            print("asyncckpt.bench.swift: error: run needs a command after --", file=sys.stderr)
+            print("asyncckpt.servers.swift: error: run needs a command after --", file=sys.stderr)
             return 2
         with server as ep:
             if args.bucket:
                 ep.create_bucket(args.bucket)
-            return subprocess.call(cmd, env={**os.environ, **ep.env()})
+            return subprocess.call(cmd, env=child_environ(**ep.env()))
     if state is not None and _endpoint(state).ready():
         ep = _endpoint(state)  # already running: idempotent start
     else:

@@ -8,7 +8,7 @@ started. Each process runs in its own session (a Swift parent kills its whole pr
 on SIGTERM), and stopping kills each session by its id, never by name.
 
 Swift comes from Debian packages (:data:`PACKAGES`) and runs on the system interpreter
-(``/usr/bin/python3``), not on the caller's venv. ``python -m asyncckpt.bench.embedded_swift``
+(``/usr/bin/python3``), not on the caller's venv. ``python -m asyncckpt.servers.embedded_swift``
 is the command line (start/stop/status/run).
 """
 
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..env import child_environ
 from ..errors import AsyncCkptError
 from ._swift_layout import RING_SCRIPT, SERVERS, render_configs
 from .s3endpoint import S3Endpoint
@@ -35,7 +36,7 @@ ACCESS_KEY = "test:tester"
 #: tempauth test-only password; distinctive so tests can assert it never leaks into output
 SECRET_KEY = "swift-test-secret-Hq4zN7"
 REGION = "us-east-1"
-#: how Swift's S3 API differs from AWS (keys documented in asyncckpt.sinks.s3compat)
+#: how Swift's S3 API differs from AWS (keys documented in asyncckpt.servers.s3compat)
 QUIRKS = frozenset(
     {"delete-objects-needs-md5", "no-partnumber-get", "checksums-ignored", "no-aws-chunked", "full-is-503"}
 )
@@ -74,7 +75,7 @@ def ensure_installed(install: bool = True) -> None:
             f"{why} and cannot install them here (needs root and apt-get); "
             f"run as root: apt-get update && apt-get install -y --no-install-recommends {' '.join(PACKAGES)}"
         )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    env = child_environ(DEBIAN_FRONTEND="noninteractive")
     for cmd in (
         ["apt-get", "update", "-qq"],
         ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES],

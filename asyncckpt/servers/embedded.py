@@ -1,6 +1,6 @@
 """Local S3 servers for demos and tests: ``embedded_s3("swift" | "moto")``.
 
-Both yield the same :class:`~asyncckpt.bench.s3endpoint.S3Endpoint`. Swift is a real object
+Both yield the same :class:`~asyncckpt.servers.s3endpoint.S3Endpoint`. Swift is a real object
 store (separate processes, see :mod:`.embedded_swift`); moto is a mock (≈ 0.07 GB/s) in a
 child process that needs ``moto[server]`` (the ``test`` extra).
 """
@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from ..env import child_environ, exported
 from ..errors import ConfigError, MissingDependencyError, StorageError
 from .embedded_swift import SwiftServer
 from .s3endpoint import S3Endpoint
@@ -50,11 +51,11 @@ class MotoServer:
     def start(self) -> S3Endpoint:
         if importlib.util.find_spec("moto") is None:
             raise MissingDependencyError("moto[server]", "test", "the embedded moto S3 server")
-        env = dict(os.environ)
+        env = child_environ()
         if self.auth:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(self.unauthenticated)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncckpt.bench.embedded", "serve-moto"],
+            [sys.executable, "-m", "asyncckpt.servers.embedded", "serve-moto"],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -116,16 +117,8 @@ def embedded_s3(kind: str, **swift_options: Any) -> Iterator[S3Endpoint]:
 @contextlib.contextmanager
 def endpoint_environment(ep: S3Endpoint) -> Iterator[None]:
     """Point the AWS_* variables of this process at ``ep``; restore them on exit."""
-    saved = {key: os.environ.get(key) for key in ep.env()}
-    os.environ.update(ep.env())
-    try:
+    with exported(ep.env()):
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 BENCH_BUCKET = "asyncckpt-bench"
@@ -145,5 +138,5 @@ def start_for_bench(stack: contextlib.ExitStack, kind: str) -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["serve-moto"]:
-        sys.exit("usage: python -m asyncckpt.bench.embedded serve-moto  (internal: MotoServer's child)")
+        sys.exit("usage: python -m asyncckpt.servers.embedded serve-moto  (internal: MotoServer's child)")
     _serve_moto()

@@ -30,7 +30,7 @@ class S3Endpoint:
     """A running local S3 server: endpoint, test credentials, region; path-style addressing.
 
     ``kind`` is ``"swift"`` or ``"moto"``; ``quirks`` names the ways the server differs from
-    AWS (see :mod:`asyncckpt.sinks.s3compat`), so tests can assert the documented behaviour.
+    AWS (see :mod:`asyncckpt.servers.s3compat`), so tests can assert the documented behaviour.
     The secret never appears in ``repr``.
     """
 
@@ -79,7 +79,7 @@ class S3Endpoint:
         import boto3  # type: ignore[import-untyped]
         from botocore.config import Config
 
-        from ..sinks.s3compat import register_s3compat
+        from .s3compat import register_s3compat
 
         cache_key = (self.endpoint, key_id or self.access_key, secret or self.secret_key)
         if not config and cache_key in _CLIENTS:

@@ -1,0 +1,171 @@
+"""The one module that reads the process environment.
+
+Every variable asyncckpt honours is named here with its meaning and default, and read through
+an accessor that takes an optional ``env`` mapping (tests and the CLI pass one; ``None`` is the
+live process environment). A test (tests/test_env.py) fails if another module reads
+``os.environ``, so this table stays complete. Values are validated where they are read: a bad
+one is a :class:`~asyncckpt.errors.ConfigError` naming the variable, before any I/O.
+
+Variables (meaning; default when unset):
+
+- ``ASYNCCKPT_DATA_GEN``: synthetic data generator, :data:`modes.Generator`; ``dgen``.
+- ``ASYNCCKPT_SHARED_MEMORY``: writer arena kind, :data:`modes.SharedMemoryKind`; ``auto``.
+- ``ASYNCCKPT_MP_START_METHOD``, then ``MLPS_CHECKPOINT_MP_START_METHOD``: writer start method
+  when the config gives none, :data:`modes.StartMethod`; ``auto``.
+- ``S3_ENDPOINT_URIS``, ``S3_ENDPOINT_TEMPLATE``, ``S3_ENDPOINT_FILE`` (first set wins), then
+  ``AWS_ENDPOINT_URL``: the endpoints of one S3 store; none.
+- ``S3_LOAD_BALANCE_STRATEGY``: parts over endpoints, :data:`modes.LoadBalanceStrategy`;
+  ``round_robin``.
+- ``AWS_*`` (:data:`AWS_VARIABLES`): S3 endpoint, credentials, region, CA bundle; unset.
+- ``S3DLIO_*`` (:data:`S3DLIO_VARIABLES`): s3dlio's own client settings; unset.
+- launcher variables (``RANK``, ``OMPI_COMM_WORLD_*``, ``SLURM_*``, …, named in
+  :mod:`asyncckpt.launcher`): rank and world size; a single process.
+
+Writes (variables exported for a client library or a child process) go through
+:func:`export` / :func:`exported` here too; the two that cannot (a writer child restoring its
+parent's environment, dgen-py's thread count set before its pool starts) carry an
+``# env-write:`` comment saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from . import modes
+
+DATA_GEN: Final = "ASYNCCKPT_DATA_GEN"
+SHARED_MEMORY: Final = "ASYNCCKPT_SHARED_MEMORY"
+#: read in this order when the caller gives no start method
+START_METHOD_VARS: Final = ("ASYNCCKPT_MP_START_METHOD", "MLPS_CHECKPOINT_MP_START_METHOD")
+LOAD_BALANCE_STRATEGY: Final = "S3_LOAD_BALANCE_STRATEGY"
+#: S3 settings key → its AWS variables, first set wins (the names AWS SDKs and CLIs use)
+AWS_VARIABLES: Final[Mapping[str, tuple[str, ...]]] = {
+    "endpoint_url": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+    "access_key_id": ("AWS_ACCESS_KEY_ID",),
+    "secret_access_key": ("AWS_SECRET_ACCESS_KEY",),
+    "session_token": ("AWS_SESSION_TOKEN",),
+    "region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
+    "ca_bundle": ("AWS_CA_BUNDLE",),
+}
+#: s3dlio reads these itself when it builds its client: whole seconds, and "1" for unsigned payloads
+S3DLIO_VARIABLES: Final = (
+    "S3DLIO_OPERATION_TIMEOUT_SECS",
+    "S3DLIO_CONNECT_TIMEOUT_SECS",
+    "S3DLIO_UNSIGNED_PAYLOAD",
+)
+
+
+def environ(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    """``env`` when given, else the live process environment (to read, never to write)."""
+    return os.environ if env is None else env
+
+
+def _set(name: str, env: Mapping[str, str] | None) -> str:
+    """The variable's value stripped; "" when unset or blank."""
+    return environ(env).get(name, "").strip()
+
+
+def data_generator(env: Mapping[str, str] | None = None) -> modes.Generator:
+    """``ASYNCCKPT_DATA_GEN``: the default synthetic generator; ``dgen`` when unset."""
+    generator: modes.Generator = modes.parse(
+        DATA_GEN, _set(DATA_GEN, env) or "dgen", modes.Generator, variable=True
+    )
+    return generator
+
+
+def shared_memory_kind(env: Mapping[str, str] | None = None) -> modes.SharedMemoryKind:
+    """``ASYNCCKPT_SHARED_MEMORY``: memfd or a /dev/shm file for writer arenas; ``auto`` when unset."""
+    kind: modes.SharedMemoryKind = modes.parse(
+        SHARED_MEMORY, _set(SHARED_MEMORY, env) or "auto", modes.SharedMemoryKind, variable=True
+    )
+    return kind
+
+
+def start_method(env: Mapping[str, str] | None = None) -> tuple[modes.StartMethod, str] | None:
+    """(method, variable) from the first of :data:`START_METHOD_VARS` set; None when none is."""
+    for name in START_METHOD_VARS:
+        value = _set(name, env)
+        if value:
+            method: modes.StartMethod = modes.parse(name, value, modes.StartMethod, variable=True)
+            return method, name
+    return None
+
+
+@dataclass(frozen=True)
+class S3EndpointVars:
+    """The multi-endpoint variables as set ("" when unset); asyncckpt.endpoints parses them.
+
+    ``uris``: comma-separated URLs; ``template``: one URL with ``{1...4}`` ranges; ``file``: a
+    path to a file listing URLs; ``aws_endpoint_url``: the single-endpoint fallback.
+    """
+
+    uris: str = ""
+    template: str = ""
+    file: str = ""
+    aws_endpoint_url: str = ""
+
+
+def s3_endpoint_vars(env: Mapping[str, str] | None = None) -> S3EndpointVars:
+    """``S3_ENDPOINT_URIS``, ``S3_ENDPOINT_TEMPLATE``, ``S3_ENDPOINT_FILE``, ``AWS_ENDPOINT_URL``."""
+    return S3EndpointVars(
+        uris=_set("S3_ENDPOINT_URIS", env),
+        template=_set("S3_ENDPOINT_TEMPLATE", env),
+        file=_set("S3_ENDPOINT_FILE", env),
+        aws_endpoint_url=_set("AWS_ENDPOINT_URL", env),
+    )
+
+
+def load_balance_strategy(env: Mapping[str, str] | None = None) -> modes.LoadBalanceStrategy | None:
+    """``S3_LOAD_BALANCE_STRATEGY`` validated; None when unset (the caller's default applies)."""
+    value = _set(LOAD_BALANCE_STRATEGY, env)
+    if not value:
+        return None
+    strategy: modes.LoadBalanceStrategy = modes.parse(
+        LOAD_BALANCE_STRATEGY, value, modes.LoadBalanceStrategy, variable=True
+    )
+    return strategy
+
+
+def aws_variable(key: str, env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """(variable, value) of the first non-empty :data:`AWS_VARIABLES` ``[key]``; None when none is.
+
+    Values are returned as set (not stripped): secrets are wrapped by the caller.
+    """
+    e = environ(env)
+    return next(((n, e[n]) for n in AWS_VARIABLES[key] if e.get(n)), None)
+
+
+def s3dlio_variable(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """One of :data:`S3DLIO_VARIABLES` as set, or None (e.g. to keep a value the user exported)."""
+    if name not in S3DLIO_VARIABLES:
+        raise KeyError(f"{name} is not an s3dlio variable asyncckpt knows")
+    return environ(env).get(name)
+
+
+def child_environ(**overrides: str) -> dict[str, str]:
+    """A copy of this process's environment plus ``overrides``, for a subprocess or writer child."""
+    return {**os.environ, **overrides}
+
+
+def export(values: Mapping[str, str | None]) -> None:
+    """Set (or, for None, unset) variables in this process, for libraries that read only those."""
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@contextlib.contextmanager
+def exported(values: Mapping[str, str]) -> Iterator[None]:
+    """:func:`export` ``values`` for the block; the previous values (or their absence) come back."""
+    saved = {name: os.environ.get(name) for name in values}
+    export(values)
+    try:
+        yield
+    finally:
+        export(saved)

@@ -1,0 +1,65 @@
+"""Every mode string of the configuration, as a ``Literal`` defined once.
+
+The frozen config types annotate their fields with these aliases, and the bench CLI derives
+its ``choices=`` from them (:func:`choices`), so a new mode is added in one place and mypy,
+argparse and validation all learn it. :func:`parse` turns untrusted text into the alias's
+type or raises a :class:`~asyncckpt.errors.ConfigError` naming the bad value, before any I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar, cast, get_args
+
+from .errors import ConfigError
+
+#: synthetic data generators (``CheckpointConfig.generator``, ``ASYNCCKPT_DATA_GEN``)
+Generator = Literal["dgen", "numpy"]
+#: writer-process isolation (``CheckpointConfig.isolation``; see asyncckpt.isolation.policy)
+Isolation = Literal["auto", "process", "none"]
+#: how a writer process is started (``CheckpointConfig.mp_start_method``)
+StartMethod = Literal["auto", "fork", "forkserver", "spawn"]
+#: shared-memory arena behind an isolated writer's pool (``ASYNCCKPT_SHARED_MEMORY``)
+SharedMemoryKind = Literal["auto", "memfd", "file"]
+#: how S3 parts are spread over several endpoints (``S3_LOAD_BALANCE_STRATEGY``)
+LoadBalanceStrategy = Literal["round_robin", "least_connections", "rank"]
+#: when S3 requests carry checksums (backend option ``checksums``)
+ChecksumMode = Literal["when_required", "when_supported"]
+#: ``save_state(staging=...)``: copy arrays to host memory first and return early, or not
+StagingMode = Literal["none", "host"]
+#: what a load checks (``load(verify=...)``; True is "checksum", False is "none")
+VerifyMode = Literal["checksum", "regenerate", "none"]
+#: how a save gets its buffers: the reused pool, or one buffer of the whole checkpoint
+SaveMethod = Literal["streaming", "preallocate"]
+#: the bench CLI's spellings of ``direct_io`` None / True / False
+DirectIo = Literal["auto", "on", "off"]
+#: bench ``--method``: one save method or both, one after the other
+BenchMethod = Literal["streaming", "preallocate", "both"]
+#: bench ``--mode``: which phases run
+BenchMode = Literal["save", "load", "both"]
+#: bench ``--loop``: the event loop implementation
+LoopKind = Literal["auto", "asyncio", "uvloop"]
+#: bench ``--embedded-s3``: which local S3 server to start
+EmbeddedServer = Literal["swift", "moto"]
+
+M = TypeVar("M", bound=str)
+
+
+def choices(alias: Any) -> tuple[str, ...]:
+    """The allowed values of a mode alias, in declaration order (for argparse ``choices=``)."""
+    return cast(tuple[str, ...], get_args(alias))
+
+
+def parse(name: str, value: object, alias: Any, *, fold: bool = True, variable: bool = False) -> Any:
+    """``value`` if it is one of ``alias``'s values (case and spaces folded), else ConfigError.
+
+    ``variable``: ``name`` is an environment variable, and the message says ``NAME='value'``.
+    Returns ``Any`` so the caller's annotation (the alias) types the result; mypy cannot spell
+    "the Literal given as an argument" as a return type.
+    """
+    allowed = ", ".join(choices(alias))
+    text = value.strip().lower() if fold and isinstance(value, str) else value
+    if not isinstance(text, str) or text not in choices(alias):
+        if variable:
+            raise ConfigError(f"{name}={text!r} is not one of {allowed}")
+        raise ConfigError(f"{name} must be one of {allowed}, got {value!r}")
+    return text
