@@ -108,6 +108,10 @@ class CheckpointConfig:
             raise ConfigError(f"backend_options must be a dict with str keys, got {self.backend_options!r}")
         # secrets wrapped (repr shows Secret('**********')), endpoint URLs without user:password@
         object.__setattr__(self, "backend_options", protect_options(self.backend_options))
+        if self.backend_options:  # S3 options (the only backend options): refused now, not mid-run
+            from .sinks.s3.config import S3Settings
+
+            S3Settings.resolve({**self.backend_options, "dotenv": False}, env={})
         if self.max_in_flight is not None:
             _positive_int("max_in_flight", self.max_in_flight)
             if self.max_in_flight > self.num_buffers:

@@ -197,3 +197,23 @@ def test_mountpoint_lost_cause_is_not_passed_off_as_the_cause() -> None:
     err = sink.map_error(RuntimeError(text), "complete upload of")  # type: ignore[attr-defined]
     assert "already failed in the background" in str(err) and "not known" in str(err)
     assert "out of space" not in str(err)
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"part_size": "3MiB"}, "below the S3 minimum"),
+        ({"nope": 1}, "unknown S3 backend option(s) nope"),
+        ({"checksums": "always"}, "'always'"),
+        ({"max_in_flight": 0}, "max_in_flight"),
+    ],
+)
+def test_backend_options_are_validated_when_the_config_is_built(
+    options: dict[str, object], words: str
+) -> None:
+    from asyncckpt import AsyncCheckpointer
+    from asyncckpt.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        AsyncCheckpointer(backend_options=options)  # no save, no I/O: refused at construction
+    assert words in str(info.value)
