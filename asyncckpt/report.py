@@ -294,12 +294,17 @@ def _mean_sd(s: Mapping[str, float], key: str, fmt: Callable[[float], str]) -> s
     return f"{fmt(s[f'{key}_mean'])} ± {fmt(s[f'{key}_stdev'])}"
 
 
+#: how a multi-rank report names the collectives' transport (``engine``)
+ENGINE_NAMES = {"mpi": "MPI", "torch": "torch.distributed"}
+
+
 def format_distributed(report: Mapping[str, Any]) -> str:
     """Rank 0's report of an MPI run: per-checkpoint job figures, stragglers, mean ± stdev."""
     nodes = ", ".join(f"{h} ({n} ranks)" for h, n in report["nodes"].items())
+    engine = ENGINE_NAMES.get(report.get("engine", "mpi"), "MPI")
     head = [
         RULE,
-        f"MPI run: {report['world_size']} ranks on {len(report['nodes'])} node(s): {nodes}",
+        f"{engine} run: {report['world_size']} ranks on {len(report['nodes'])} node(s): {nodes}",
         f"Target:  {report['target']}  layout {report['layout']}; "
         f"{gib(report['size_bytes_per_rank'])} per rank, data seed {report['seed_base']} + rank",
     ]

@@ -1,4 +1,6 @@
-"""The benchmark under ``mpirun``: one shard per rank, synchronised phases, rank-0 report.
+"""The benchmark under ``mpirun`` or ``torchrun``: one shard per rank, synchronised phases,
+rank-0 report. The :class:`Comm` is MPI's or torch.distributed's (gloo), chosen by
+:func:`asyncckpt.collectives.job_comm`; the protocol below is the same for both engines.
 
 Per checkpoint every rank does: barrier, start, save, barrier, stop, then all outcomes (ok +
 result, or the error) are gathered on rank 0, which decides for everyone (broadcast) whether
@@ -128,7 +130,9 @@ def _setup(plan: BenchPlan, layout: str, mkdirs: bool, size: int) -> dict[str, A
     elif not scheme_of(base) or scheme_of(base) == "file":
         path = path_from_uri(base)
         if path.exists() and not path.is_dir():
-            raise ConfigError(f"under MPI the target is a directory for the shards; {str(path)!r} is a file")
+            raise ConfigError(
+                f"with several ranks the target is a directory of shards; {str(path)!r} is a file"
+            )
         if not path.parent.is_dir():
             raise TargetNotFoundError(
                 2, f"parent directory {str(path.parent)!r} of the target does not exist"
@@ -185,7 +189,7 @@ def run_distributed(
     comm: Comm,
     info: ScaleoutInfo,
 ) -> int:
-    """Entry point of ``python -m asyncckpt.bench`` under an MPI launcher; returns the exit code."""
+    """Entry point of ``python -m asyncckpt.bench`` with several ranks; returns the exit code."""
     root = comm.is_root
 
     def fail(code: int, message: str) -> int:
@@ -257,6 +261,7 @@ def run_distributed(
         "world_size": comm.size,
         "nodes": nodes,
         "launcher": me.launcher,
+        "engine": comm.engine,  # the collectives' transport: mpi (mpi4py) or torch (torch.distributed)
         "rank_info_source": me.source,
         "target": setup["base"],
         "layout": args.layout,
