@@ -31,11 +31,12 @@ from ..distributed import Comm
 from ..endpoints import rank_endpoint
 from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
 from ..monitor import now
-from ..report import Progress, format_distributed
+from ..report import format_distributed
 from ..results import LoadResult, Result, SaveResult
 from ..schema import SCHEMA_VERSION
 from ..sinks import path_from_uri, scheme_of
 from .guard import Writes
+from .progress import Bar, progress_bar
 from .runner import BenchPlan
 from .scaleout import ScaleoutInfo
 
@@ -47,7 +48,7 @@ class Phase:
     name: str
     method: str
     count: int
-    run: Callable[[AsyncCheckpointer, str, int, Progress | None], Awaitable[Result]]
+    run: Callable[[AsyncCheckpointer, str, int, Bar | None], Awaitable[Result]]
 
 
 def plan_mode(plan: BenchPlan) -> str:
@@ -58,13 +59,13 @@ def plan_mode(plan: BenchPlan) -> str:
 def phases_for(plan: BenchPlan, writes: Writes) -> list[Phase]:
     """Saves per method (``repeat`` each), then loads (``reads``) when the plan asks for them."""
 
-    def saver(method: str) -> Callable[[AsyncCheckpointer, str, int, Progress | None], Awaitable[SaveResult]]:
-        async def run(ck: AsyncCheckpointer, uri: str, size: int, progress: Progress | None) -> SaveResult:
+    def saver(method: str) -> Callable[[AsyncCheckpointer, str, int, Bar | None], Awaitable[SaveResult]]:
+        async def run(ck: AsyncCheckpointer, uri: str, size: int, progress: Bar | None) -> SaveResult:
             return await writes.save(uri, size, method=method, progress=progress)
 
         return run
 
-    async def loader(ck: AsyncCheckpointer, uri: str, size: int, progress: Progress | None) -> LoadResult:
+    async def loader(ck: AsyncCheckpointer, uri: str, size: int, progress: Bar | None) -> LoadResult:
         options = {k: getattr(plan, k) for k in ("verify", "num_readers", "read_chunk_size", "defeat_cache")}
         result: LoadResult = await getattr(ck, "load")(uri, progress=progress, **options)  # noqa: B009
         return result
@@ -158,10 +159,10 @@ async def _rank_main(plan: BenchPlan, comm: Comm, uri: str) -> list[dict[str, An
                 checkpoints = []
                 for i in range(phase.count):
                     show = plan.progress and comm.is_root
-                    progress = Progress(plan.size, f"{phase.method} {i + 1}/{phase.count}") if show else None
                     await comm.abarrier()
                     t0 = now()
-                    outcome = await outcome_of(phase.run(ck, uri, plan.size, progress))
+                    with progress_bar(plan.size, f"{phase.method} {i + 1}/{phase.count}", show) as bar:
+                        outcome = await outcome_of(phase.run(ck, uri, plan.size, bar))
                     if outcome["ok"]:
                         outcome["result"] = outcome["result"].to_dict()
                     gathered, wall = await settle(comm, outcome, t0, f"{phase.name} {i + 1}/{phase.count}")
