@@ -1,4 +1,4 @@
-"""Test, lint and type-check sessions. ``nox`` with no arguments runs all three."""
+"""Test, lint, type-check and docs sessions. ``nox`` with no arguments runs all four."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.sessions = ["lint", "typecheck", "docs", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.default_venv_backend = "venv"
 
@@ -86,3 +86,11 @@ def typecheck(session: nox.Session) -> None:
         "-c", CONSTRAINTS, "-e", ".[test,lint]"
     )  # bench modules import boto3/moto when asked for a demo server
     session.run("mypy")
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """The docs site (mkdocs.yml): ``mkdocs build --strict``, so any warning fails it."""
+    session.install("-c", CONSTRAINTS, "-e", ".[docs]")
+    site = os.path.join(session.create_tmp(), "site")
+    session.run("mkdocs", "build", "--strict", "--site-dir", site, env={"NO_MKDOCS_2_WARNING": "1"})

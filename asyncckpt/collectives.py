@@ -18,17 +18,19 @@ timeout, raised as :class:`CollectiveError`.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
-from . import launcher
+from . import env as env_vars
+from . import launcher, topology
 from ._blocking import run_blocking
-from .distributed import get_comm
-from .errors import AsyncCkptError, CollectiveError, ConfigError
+from .distributed import Comm, RankInfo, get_comm
+from .errors import AsyncCkptError, CollectiveError, ConfigError, MissingDependencyError
 
 T = TypeVar("T")
 
@@ -46,18 +48,62 @@ def _single() -> _Ops:
     return _Ops(barrier=lambda: None, broadcast=lambda obj, src: obj, all_gather=lambda obj: [obj])
 
 
-def _torch_ops(dist: Any) -> _Ops:
-    def broadcast(obj: Any, src: int) -> Any:
-        box = [obj]
-        dist.broadcast_object_list(box, src=src)
-        return box[0]
+def _comm_ops(comm: Comm) -> _Ops:
+    return _Ops(
+        barrier=comm.barrier, broadcast=lambda obj, src: comm.bcast(obj, src), all_gather=comm.allgather
+    )
 
-    def all_gather(obj: Any) -> list[Any]:
-        out: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(out, obj)
+
+class TorchComm(Comm):
+    """The default ``torch.distributed`` process group as a :class:`Comm` (gloo, nccl, ...).
+
+    ``owns``: this communicator initialised the group, and :meth:`shutdown` destroys it.
+    """
+
+    engine = "torch"
+
+    def __init__(self, dist: Any, *, owns: bool = False, env: Mapping[str, str] | None = None) -> None:
+        e = env_vars.environ(env)
+        local_size, _ = topology.local_ranks(e)
+        info = RankInfo(
+            dist.get_rank(),
+            dist.get_world_size(),
+            launcher.local_rank(e),
+            local_size,
+            "torch.distributed",
+            launcher.detect(e).launcher,
+        )
+        super().__init__(info)
+        self._dist = dist
+        self._owns = owns
+
+    def barrier(self) -> None:
+        self._dist.barrier()
+
+    def gather(self, obj: T, root: int = 0) -> list[T] | None:
+        out: list[T] | None = [None] * self.size if self.rank == root else None  # type: ignore[list-item]
+        self._dist.gather_object(obj, out, dst=root)
         return out
 
-    return _Ops(barrier=dist.barrier, broadcast=broadcast, all_gather=all_gather)
+    def bcast(self, obj: T, root: int = 0) -> T:
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=root)
+        return box[0]
+
+    def allgather(self, obj: T) -> list[T]:
+        out: list[T] = [None] * self.size  # type: ignore[list-item]
+        self._dist.all_gather_object(out, obj)
+        return out
+
+    def abort(self, code: int = 1) -> NoReturn:
+        """Exit now: torchrun's agent sees a failed worker and stops the others."""
+        os._exit(code)
+
+    def shutdown(self) -> None:
+        self.close()
+        if self._owns and self._dist.is_initialized():
+            self._dist.destroy_process_group()
+            self._owns = False
 
 
 def _torch_dist() -> Any:
@@ -66,6 +112,38 @@ def _torch_dist() -> Any:
         return None
     dist = sys.modules["torch.distributed"]
     return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _init_torch(found: launcher.Launch) -> Any:
+    """Initialise the default gloo process group from torchrun's variables (``env://``)."""
+    purpose = f"coordinating {found.size} ranks started by {found.launcher}"
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        raise MissingDependencyError("torch", "torch", purpose) from None
+    if not dist.is_available():
+        raise ConfigError(f"{purpose}: this torch build has no torch.distributed")
+    try:
+        dist.init_process_group("gloo")
+    except ValueError as exc:  # MASTER_ADDR/MASTER_PORT missing: not really torchrun
+        raise ConfigError(f"{purpose}: cannot initialise torch.distributed: {exc}") from None
+    return dist
+
+
+def job_comm(env: Mapping[str, str] | None = None) -> Comm:
+    """The job's communicator for a program that owns its ranks (the bench CLI).
+
+    torch.distributed when it is initialised, or when torchrun started several ranks and no
+    MPI launcher is around (then a gloo group is initialised here and :meth:`Comm.shutdown`
+    destroys it); else MPI (:func:`~asyncckpt.distributed.get_comm`); else a world of one.
+    """
+    dist = _torch_dist()
+    if dist is not None:
+        return TorchComm(dist, env=env)
+    found = launcher.detect(env)
+    if found.launcher in ("torchrun", "torch") and found.size > 1:
+        return TorchComm(_init_torch(found), owns=True, env=env)
+    return get_comm(env)
 
 
 class Collectives:
@@ -137,9 +215,7 @@ def get_collectives(env: Mapping[str, str] | None = None) -> Collectives:
     """This job's collectives: torch.distributed if initialised, else MPI, else a world of one."""
     dist = _torch_dist()
     if dist is not None:
-        return Collectives(
-            _torch_ops(dist), backend="torch", rank=dist.get_rank(), world_size=dist.get_world_size()
-        )
+        return _over(TorchComm(dist, env=env))
     found = launcher.detect(env)
     if found.size == 1:
         return Collectives(_single(), backend="single", rank=0, world_size=1)
@@ -154,7 +230,8 @@ def get_collectives(env: Mapping[str, str] | None = None) -> Collectives:
 
     if MPI.Query_thread() < MPI.THREAD_SERIALIZED:  # pragma: no cover - mpi4py asks for MULTIPLE
         raise ConfigError("MPI was initialised below THREAD_SERIALIZED: collectives need a helper thread")
-    ops = _Ops(
-        barrier=comm.barrier, broadcast=lambda obj, src: comm.bcast(obj, src), all_gather=comm.allgather
-    )
-    return Collectives(ops, backend="mpi", rank=comm.rank, world_size=comm.size)
+    return _over(comm)
+
+
+def _over(comm: Comm) -> Collectives:
+    return Collectives(_comm_ops(comm), backend=comm.engine, rank=comm.rank, world_size=comm.size)

@@ -61,7 +61,10 @@ def rank_info_from_env(env: Mapping[str, str] | None = None) -> RankInfo:
 
 
 class Comm:
-    """Single-process communicator: every collective is trivial. Base of :class:`MPIComm`."""
+    """Single-process communicator: every collective is trivial. Base of :class:`MPIComm` and
+    :class:`asyncckpt.collectives.TorchComm`; ``engine`` names the transport in results."""
+
+    engine = "single"
 
     def __init__(self, info: RankInfo | None = None) -> None:
         self.info = info or RankInfo()
@@ -118,9 +121,15 @@ class Comm:
             self._executor.shutdown(wait=True)
             self._executor = None
 
+    def shutdown(self) -> None:
+        """Release a transport this communicator set up itself (after the last collective)."""
+        self.close()
+
 
 class MPIComm(Comm):
     """``MPI.COMM_WORLD`` through mpi4py."""
+
+    engine = "mpi"
 
     def __init__(self, mpi: Any) -> None:
         world = mpi.COMM_WORLD

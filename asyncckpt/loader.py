@@ -20,7 +20,7 @@ from typing import Any
 from ._blocking import run_blocking
 from .errors import ChecksumMismatchError, ConfigError, ManifestError, TargetNotFoundError, TruncatedError
 from .manifest import Manifest, object_name
-from .metrics import CONSUMER, IO, ReadRecord
+from .metrics import CONSUMER, IO, ReadRecord, notify_progress
 from .modes import VerifyMode
 from .monitor import now
 from .pool import BufferPool, PoolBuffer, close_mapping
@@ -286,7 +286,7 @@ async def stream_views(
                 view.release()  # a view kept past its turn raises instead of showing new bytes
             reader.release(buf)
             if progress is not None:
-                progress(rec.nbytes)
+                notify_progress(progress, rec)
         if verifier is not None:
             await run_blocking(executor, verifier.finish_sync)
     finally:

@@ -9,7 +9,7 @@ gen/io ratio cannot drift towards 1.0 just because the two sides wait on each ot
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -116,6 +116,15 @@ def busy_time(intervals: Sequence[tuple[float, float]]) -> float:
             total += stop - end
             end = stop
     return total
+
+
+def notify_progress(progress: Callable[[int], None], rec: ChunkRecord | ReadRecord) -> None:
+    """Tell a progress callback a chunk is done: ``progress(nbytes)``, and, when it has a
+    ``chunk`` method (the bench's progress bar), ``progress.chunk(rec)`` with its record."""
+    progress(rec.nbytes)
+    chunk = getattr(progress, "chunk", None)
+    if chunk is not None:
+        chunk(rec)
 
 
 def label_chunks(records: Sequence[ChunkRecord], parallel_writes: int) -> dict[str, int]:

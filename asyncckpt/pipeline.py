@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from ._blocking import run_blocking
 from .checksum import timed_crc
-from .metrics import ChunkRecord
+from .metrics import ChunkRecord, notify_progress
 from .monitor import now
 from .pool import BufferPool, PoolBuffer, close_mapping
 from .seal import Sealer, align_up
@@ -175,7 +175,7 @@ async def stream(
             held.discard(buf)
             pool.release(buf)  # only now: the write has completed
             if progress is not None:
-                progress(rec.nbytes)
+                notify_progress(progress, rec)
 
     try:
         async with asyncio.TaskGroup() as tg:
@@ -250,7 +250,7 @@ async def write_preallocated(
                 rec.write_s = inner if inner is not None else rec.t_write_end - rec.t_write_start
                 rec.fill_s = gen_s * rec.nbytes / total if total else 0.0
                 if progress is not None:
-                    progress(rec.nbytes)
+                    notify_progress(progress, rec)
 
         try:
             async with asyncio.TaskGroup() as tg:

@@ -6,10 +6,8 @@ Storage quote them); every figure carries its unit so the two are never confused
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any
+from typing import Any
 
 from .results import LoadResult, Result, RunResult, SaveResult
 
@@ -259,33 +257,6 @@ def format_phases(summary: Mapping[str, Mapping[str, float]]) -> str:
     return format_table(("phase", "checkpoints", "throughput (mean ± stdev)", "duration", "I/O only"), rows)
 
 
-class Progress:
-    """A one-line progress bar on a terminal; silent when ``stream`` is not a TTY."""
-
-    def __init__(self, total: int, label: str, stream: IO[str] | None = None) -> None:
-        self.total = total
-        self.label = label
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = self.stream.isatty()
-        self.done = 0
-        self._start = time.perf_counter()
-        self._last = 0.0
-
-    def __call__(self, nbytes: int) -> None:
-        self.done += nbytes
-        t = time.perf_counter()
-        if not self.enabled or (t - self._last < 0.1 and self.done < self.total):
-            return
-        self._last = t
-        frac = self.done / self.total if self.total else 1.0
-        bar = "#" * int(frac * 30)
-        rate = self.done / max(t - self._start, 1e-9)
-        self.stream.write(f"\r{self.label} [{bar:<30}] {frac:6.1%} {gbps(rate)}   ")
-        if self.done >= self.total:
-            self.stream.write("\n")
-        self.stream.flush()
-
-
 def _secs(x: float) -> str:
     return f"{x:.3f} s"
 
@@ -294,12 +265,17 @@ def _mean_sd(s: Mapping[str, float], key: str, fmt: Callable[[float], str]) -> s
     return f"{fmt(s[f'{key}_mean'])} ± {fmt(s[f'{key}_stdev'])}"
 
 
+#: how a multi-rank report names the collectives' transport (``engine``)
+ENGINE_NAMES = {"mpi": "MPI", "torch": "torch.distributed"}
+
+
 def format_distributed(report: Mapping[str, Any]) -> str:
     """Rank 0's report of an MPI run: per-checkpoint job figures, stragglers, mean ± stdev."""
     nodes = ", ".join(f"{h} ({n} ranks)" for h, n in report["nodes"].items())
+    engine = ENGINE_NAMES.get(report.get("engine", "mpi"), "MPI")
     head = [
         RULE,
-        f"MPI run: {report['world_size']} ranks on {len(report['nodes'])} node(s): {nodes}",
+        f"{engine} run: {report['world_size']} ranks on {len(report['nodes'])} node(s): {nodes}",
         f"Target:  {report['target']}  layout {report['layout']}; "
         f"{gib(report['size_bytes_per_rank'])} per rank, data seed {report['seed_base']} + rank",
     ]

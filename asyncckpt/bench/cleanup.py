@@ -17,7 +17,7 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
-def cleanup_main(argv: list[str]) -> int:
+def cleanup_parser() -> Parser:
     p = Parser(
         prog="python -m asyncckpt.bench cleanup",
         description="List and remove what dead saves left: temporary files in a directory, pending "
@@ -27,7 +27,11 @@ def cleanup_main(argv: list[str]) -> int:
     p.add_argument("target", help="a directory, a checkpoint path, or s3://bucket/prefix")
     p.add_argument("--older-than", default=None, help="also remove leftovers of unknown owner this old (1h)")
     p.add_argument("--dry-run", action="store_true", help="list only")
-    args = p.parse_args(argv)
+    return p
+
+
+def cleanup_main(argv: list[str]) -> int:
+    args = cleanup_parser().parse_args(argv)
     older = None if args.older_than is None else parse_duration(args.older_than, name="--older-than")
     return asyncio.run(_run(args.target, older, args.dry_run))
 

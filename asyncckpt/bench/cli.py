@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import modes
+from ..collectives import job_comm
 from ..config import CheckpointConfig
-from ..distributed import MPIComm, get_comm
 from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
 from ..modes import choices
 from ..topology import world
@@ -238,14 +238,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_subcommand(cmd)
     parser = build_parser()
-    try:  # --config / --model supply defaults; under mpirun every rank parses the same argv
-        comm = get_comm()
+    try:  # --config / --model supply defaults; under mpirun/torchrun every rank parses the same argv
+        comm = job_comm()
         # the grammar recognised the +/++ tokens; the workload loader applies them
         tokens = [*cmd.argv, *(o.token for o in cmd.overrides)]
         args, info = parse_with_presets(parser, tokens, comm.size)
         check_target(args.target)
         args.overrides = cmd.overrides
-        check_outputs(args, mpi=isinstance(comm, MPIComm) or comm.size > 1)
+        check_outputs(args, mpi=comm.engine != "single" or comm.size > 1)
     except (ConfigError, MissingDependencyError) as exc:
         if _rank() == 0:  # under mpirun only rank 0 speaks
             print(f"asyncckpt.bench: error: {exc}", file=sys.stderr)
@@ -259,10 +259,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .dlio_run import main_workload
 
         return main_workload(args, info, comm, plan_from_args, run_with_loop)
-    if isinstance(comm, MPIComm) or comm.size > 1:  # launched by mpirun: one shard per rank
+    if comm.engine != "single" or comm.size > 1:  # mpirun or torchrun: one shard per rank
         from .mpi_runner import run_distributed
 
-        return run_distributed(args, plan_from_args, run_with_loop, comm, info)
+        try:
+            return run_distributed(args, plan_from_args, run_with_loop, comm, info)
+        finally:
+            comm.shutdown()
     for note in info.notes:
         print(f"[asyncckpt] {note}", file=sys.stderr)
     try:

@@ -1,4 +1,6 @@
-"""The benchmark under ``mpirun``: one shard per rank, synchronised phases, rank-0 report.
+"""The benchmark under ``mpirun`` or ``torchrun``: one shard per rank, synchronised phases,
+rank-0 report. The :class:`Comm` is MPI's or torch.distributed's (gloo), chosen by
+:func:`asyncckpt.collectives.job_comm`; the protocol below is the same for both engines.
 
 Per checkpoint every rank does: barrier, start, save, barrier, stop, then all outcomes (ok +
 result, or the error) are gathered on rank 0, which decides for everyone (broadcast) whether
@@ -29,11 +31,12 @@ from ..distributed import Comm
 from ..endpoints import rank_endpoint
 from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
 from ..monitor import now
-from ..report import Progress, format_distributed
+from ..report import format_distributed
 from ..results import LoadResult, Result, SaveResult
 from ..schema import SCHEMA_VERSION
 from ..sinks import path_from_uri, scheme_of
 from .guard import Writes
+from .progress import Bar, progress_bar
 from .runner import BenchPlan
 from .scaleout import ScaleoutInfo
 
@@ -45,7 +48,7 @@ class Phase:
     name: str
     method: str
     count: int
-    run: Callable[[AsyncCheckpointer, str, int, Progress | None], Awaitable[Result]]
+    run: Callable[[AsyncCheckpointer, str, int, Bar | None], Awaitable[Result]]
 
 
 def plan_mode(plan: BenchPlan) -> str:
@@ -56,13 +59,13 @@ def plan_mode(plan: BenchPlan) -> str:
 def phases_for(plan: BenchPlan, writes: Writes) -> list[Phase]:
     """Saves per method (``repeat`` each), then loads (``reads``) when the plan asks for them."""
 
-    def saver(method: str) -> Callable[[AsyncCheckpointer, str, int, Progress | None], Awaitable[SaveResult]]:
-        async def run(ck: AsyncCheckpointer, uri: str, size: int, progress: Progress | None) -> SaveResult:
+    def saver(method: str) -> Callable[[AsyncCheckpointer, str, int, Bar | None], Awaitable[SaveResult]]:
+        async def run(ck: AsyncCheckpointer, uri: str, size: int, progress: Bar | None) -> SaveResult:
             return await writes.save(uri, size, method=method, progress=progress)
 
         return run
 
-    async def loader(ck: AsyncCheckpointer, uri: str, size: int, progress: Progress | None) -> LoadResult:
+    async def loader(ck: AsyncCheckpointer, uri: str, size: int, progress: Bar | None) -> LoadResult:
         options = {k: getattr(plan, k) for k in ("verify", "num_readers", "read_chunk_size", "defeat_cache")}
         result: LoadResult = await getattr(ck, "load")(uri, progress=progress, **options)  # noqa: B009
         return result
@@ -128,7 +131,9 @@ def _setup(plan: BenchPlan, layout: str, mkdirs: bool, size: int) -> dict[str, A
     elif not scheme_of(base) or scheme_of(base) == "file":
         path = path_from_uri(base)
         if path.exists() and not path.is_dir():
-            raise ConfigError(f"under MPI the target is a directory for the shards; {str(path)!r} is a file")
+            raise ConfigError(
+                f"with several ranks the target is a directory of shards; {str(path)!r} is a file"
+            )
         if not path.parent.is_dir():
             raise TargetNotFoundError(
                 2, f"parent directory {str(path.parent)!r} of the target does not exist"
@@ -154,10 +159,10 @@ async def _rank_main(plan: BenchPlan, comm: Comm, uri: str) -> list[dict[str, An
                 checkpoints = []
                 for i in range(phase.count):
                     show = plan.progress and comm.is_root
-                    progress = Progress(plan.size, f"{phase.method} {i + 1}/{phase.count}") if show else None
                     await comm.abarrier()
                     t0 = now()
-                    outcome = await outcome_of(phase.run(ck, uri, plan.size, progress))
+                    with progress_bar(plan.size, f"{phase.method} {i + 1}/{phase.count}", show) as bar:
+                        outcome = await outcome_of(phase.run(ck, uri, plan.size, bar))
                     if outcome["ok"]:
                         outcome["result"] = outcome["result"].to_dict()
                     gathered, wall = await settle(comm, outcome, t0, f"{phase.name} {i + 1}/{phase.count}")
@@ -185,7 +190,7 @@ def run_distributed(
     comm: Comm,
     info: ScaleoutInfo,
 ) -> int:
-    """Entry point of ``python -m asyncckpt.bench`` under an MPI launcher; returns the exit code."""
+    """Entry point of ``python -m asyncckpt.bench`` with several ranks; returns the exit code."""
     root = comm.is_root
 
     def fail(code: int, message: str) -> int:
@@ -257,6 +262,7 @@ def run_distributed(
         "world_size": comm.size,
         "nodes": nodes,
         "launcher": me.launcher,
+        "engine": comm.engine,  # the collectives' transport: mpi (mpi4py) or torch (torch.distributed)
         "rank_info_source": me.source,
         "target": setup["base"],
         "layout": args.layout,

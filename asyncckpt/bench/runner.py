@@ -10,11 +10,12 @@ from typing import Any
 from .._blocking import run_blocking
 from ..checkpointer import AsyncCheckpointer
 from ..config import CheckpointConfig
-from ..report import Progress, format_comparison, format_phases, format_summary
+from ..report import format_comparison, format_phases, format_summary
 from ..results import LoadResult, Result
 from ..schema import SCHEMA_VERSION
 from .guard import Writes
 from .load_args import drop_caches
+from .progress import progress_bar
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,10 +98,10 @@ async def run_plan(plan: BenchPlan) -> BenchReport:
                 for method in plan.methods:
                     for i in range(plan.repeat):
                         label = f"{method} {i + 1}/{plan.repeat}"
-                        progress = Progress(plan.size, label) if plan.progress else None
-                        results.append(
-                            await writes.save(plan.target, plan.size, method=method, progress=progress)
-                        )
+                        with progress_bar(plan.size, label, plan.progress) as bar:
+                            results.append(
+                                await writes.save(plan.target, plan.size, method=method, progress=bar)
+                            )
             if plan.mode in ("load", "both"):
                 results.extend(await run_loads(ckpt, plan))
         finally:
@@ -125,15 +126,14 @@ async def run_loads(ckpt: AsyncCheckpointer, plan: BenchPlan) -> list[LoadResult
     out = []
     for i in range(plan.reads):
         size = plan.size if plan.mode == "both" else 0
-        progress = Progress(size, f"load {i + 1}/{plan.reads}") if plan.progress and size else None
-        out.append(
-            await ckpt.load(
+        with progress_bar(size, f"load {i + 1}/{plan.reads}", plan.progress) as bar:
+            loaded = await ckpt.load(
                 plan.target,
                 verify=plan.verify,
                 num_readers=plan.num_readers,
                 read_chunk_size=plan.read_chunk_size,
                 defeat_cache=plan.defeat_cache,
-                progress=progress,
+                progress=bar,
             )
-        )
+        out.append(loaded)
     return out

@@ -17,7 +17,7 @@ from .parsing import Parser
 from .resultfiles import load_result
 
 
-def report_main(argv: list[str]) -> int:
+def report_parser() -> Parser:
     p = Parser(
         prog="python -m asyncckpt.bench report",
         description="Re-render the table, plots and HTML report of a saved result (--json FILE).",
@@ -25,7 +25,11 @@ def report_main(argv: list[str]) -> int:
     p.add_argument("result", type=Path, help="a JSON result written with --json")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary table")
     add_output_arguments(p, json_option=False)
-    args = p.parse_args(argv)
+    return p
+
+
+def report_main(argv: list[str]) -> int:
+    args = report_parser().parse_args(argv)
     check_outputs(args)
     doc = load_result(args.result)
     text = render_text(doc, quiet=args.quiet)
@@ -35,7 +39,7 @@ def report_main(argv: list[str]) -> int:
     return 0
 
 
-def compare_main(argv: list[str]) -> int:
+def compare_parser() -> Parser:
     p = Parser(
         prog="python -m asyncckpt.bench compare",
         description="Compare saved results metric by metric against the first (the baseline). "
@@ -49,7 +53,11 @@ def compare_main(argv: list[str]) -> int:
     )
     p.add_argument("--alpha", type=float, default=ALPHA, help="significance level (0.05)")
     p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any metric got worse")
-    args = p.parse_args(argv)
+    return p
+
+
+def compare_main(argv: list[str]) -> int:
+    args = compare_parser().parse_args(argv)
     if len(args.results) < 2:
         raise ConfigError("compare needs at least two results: BASELINE CANDIDATE [...]")
     if not 0 < args.alpha < 1:
