@@ -19,6 +19,7 @@ S3_BACKENDS: dict[str, tuple[str, str, str, str]] = {
     "aiobotocore": ("botocore_sink", "AiobotocoreSink", "aiobotocore", "aiobotocore"),
     "s3dlio": ("s3dlio_sink", "S3dlioSink", "s3dlio", "s3dlio"),
     "minio": ("minio_sink", "MinioSink", "minio", "minio"),
+    "obstore": ("obstore_sink", "ObstoreSink", "obstore", "obstore"),
     "s3torchconnector": ("s3torch_sink", "S3TorchSink", "s3torchconnectorclient", "s3torchconnector"),
 }
 AUTO_ORDER = ("s3dlio", "aiobotocore")
