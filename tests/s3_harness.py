@@ -1,7 +1,7 @@
 """Per-backend test harness: make a sink, and look at the target with independent means.
 
-s3dlio and s3torchconnector start Rust/CRT runtimes; after a process has used s3dlio, a
-``fork``ed child hangs (see shared notes), and s3dlio fixes its client configuration at
+s3dlio, s3torchconnector and obstore start Rust/CRT runtimes; after a process has used s3dlio
+or obstore, a ``fork``ed child hangs (see shared notes), and s3dlio fixes its client configuration at
 first use. Their tests therefore run in a separate pytest process (``run_child_suite``),
 never in the main test process that other tests may fork from.
 """
@@ -27,7 +27,7 @@ from .plugins.s3servers import shared_server_env
 
 CHUNK = 5 * MiB  # = the S3 minimum part size: moto stays fast with few, small parts
 S3_IN_PROCESS = ("aiobotocore", "minio")
-S3_IN_CHILD = ("s3dlio", "s3torchconnector")
+S3_IN_CHILD = ("s3dlio", "s3torchconnector", "obstore")
 CHILD_ENV = "ASYNCCKPT_TEST_IN_CHILD"
 
 

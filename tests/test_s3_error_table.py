@@ -3,7 +3,8 @@ for every backend, come out as the same asyncckpt error with a message that says
 
 Each row provokes a real answer (a missing key, a missing bucket, a wrong secret, a closed
 port, a 503 from a relay in front of the server) through the public API. s3dlio and Mountpoint
-configure their clients per process, so they run in a writer process each (isolation), which
+configure their clients per process, and a process that used s3dlio or obstore cannot fork
+safely, so those three run in a writer process each (isolation), which
 also proves the mapped error survives the trip back to the caller.
 """
 
@@ -25,7 +26,8 @@ from .s3_harness import in_child, new_bucket
 
 pytestmark = pytest.mark.skipif(in_child(), reason="runs in the parent test process only")
 
-BACKENDS = ("aiobotocore", "minio", "s3dlio", "s3torchconnector")
+BACKENDS = ("aiobotocore", "minio", "s3dlio", "s3torchconnector", "obstore")
+IN_CHILD = ("s3dlio", "s3torchconnector", "obstore")  # Tokio/CRT runtimes: never in the test process
 PART = 5 * MiB
 
 
@@ -38,7 +40,7 @@ def closed_port() -> int:
 
 
 def checkpointer(backend: str, options: dict[str, Any]) -> AsyncCheckpointer:
-    isolation = "process" if backend in ("s3dlio", "s3torchconnector") else "none"
+    isolation = "process" if backend in IN_CHILD else "none"
     options = {"max_attempts": 1, "connect_timeout": 2.0, **options}
     return AsyncCheckpointer(
         chunk_size=PART, num_buffers=2, backend=backend, backend_options=options, isolation=isolation

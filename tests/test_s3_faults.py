@@ -217,7 +217,7 @@ def test_out_of_process_backends_pass_the_same_faults(s3_endpoint: S3Endpoint) -
     # s3dlio fixes endpoint and credentials per process: tests with other settings get their own
     special = "wrong_credentials or outage"
     selections = [
-        f"s3torchconnector or (s3dlio and not ({special}))",
+        f"s3torchconnector or obstore or (s3dlio and not ({special}))",
         "s3dlio and wrong_credentials",
         "s3dlio and outage",
     ]

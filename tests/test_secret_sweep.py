@@ -25,7 +25,7 @@ from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .s3_server import provision_user
 
-BACKENDS = ("aiobotocore", "s3dlio", "minio", "s3torchconnector")
+BACKENDS = ("aiobotocore", "s3dlio", "minio", "s3torchconnector", "obstore")
 ROOT = Path(__file__).parent.parent
 #: what each mode must end with: (library outcome, CLI exit code)
 EXPECTED = {
