@@ -25,7 +25,13 @@ STALL_S = 2.0
 #: watchdog + the abort's share, plus room for a busy 2-core machine
 DEADLINE_S = 1.5 * STALL_S + 4.0
 CASES = (
-    [("s3dlio", "process"), ("s3dlio", "none"), ("s3torchconnector", "none"), ("obstore", "none")]
+    [
+        ("s3dlio", "process"),
+        ("s3dlio", "none"),
+        ("s3torchconnector", "none"),
+        ("obstore", "none"),
+        ("obstore", "process"),
+    ]
     if in_child()
     else [("aiobotocore", "none"), ("minio", "none"), ("aiobotocore", "process")]
 )
