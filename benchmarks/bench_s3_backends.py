@@ -7,9 +7,16 @@ Against moto the server is the bottleneck; by default this starts the discard en
 
     python benchmarks/bench_s3_backends.py --size 2GiB --part-size 32MiB --max-in-flight 4
     python benchmarks/bench_s3_backends.py --endpoint http://127.0.0.1:9000 --bucket b  # any S3
+    python benchmarks/bench_s3_backends.py --repeat 3 --loop-lag none,process  # medians of rounds
 
 Prints a table and JSON (``--json FILE`` writes it too). Each backend runs in its own
-spawned process: s3dlio and the CRT configure their clients once per process.
+spawned process: s3dlio and the CRT configure their clients once per process. With
+``--repeat N`` the backends alternate round by round (drift on a shared machine hits them
+alike) and the table shows medians. ``--loop-lag MODES`` adds, per backend, round and
+isolation mode (``none``: in-process, ``process``: a writer process), one more asyncckpt save
+in a fresh process with a 1 ms loop ticker: the caller's event-loop lag and its peak RSS over
+the pool, i.e. what a library's own threads/runtime cost the caller (what ``needs_isolation``
+is decided on); it is kept apart so the ticker never slows the GB/s runs.
 """
 
 from __future__ import annotations
@@ -20,9 +27,11 @@ import io
 import json
 import multiprocessing as mp
 import os
+import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +39,7 @@ import dgen_py
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.report import format_table
-from asyncckpt.sinks.s3 import S3_BACKENDS, installed
+from asyncckpt.sinks.s3 import S3_BACKENDS, installed, sink_class
 from asyncckpt.units import parse_size
 
 SEED = 1
@@ -155,11 +164,29 @@ def direct_s3torchconnector(a: argparse.Namespace, data: Data) -> None:
     stream.close()
 
 
+def direct_obstore(a: argparse.Namespace, data: Data) -> None:
+    import obstore
+    from obstore.store import S3Store
+
+    store = S3Store(
+        a.bucket,
+        endpoint=a.endpoint,
+        region="us-east-1",
+        unsigned_payload=True,
+        client_options={"allow_http": True},
+    )
+    # write() keeps each buffer until its part is uploaded: fresh (or unchanging) memory per part
+    with obstore.open_writer(store, "direct", buffer_size=a.part_size, max_concurrency=a.max_in_flight) as w:
+        for _, n in chunks(a.size, a.part_size):
+            w.write(data.part(n))
+
+
 DIRECT = {
     "aiobotocore": direct_aiobotocore,
     "s3dlio": direct_s3dlio,
     "minio": direct_minio,
     "s3torchconnector": direct_s3torchconnector,
+    "obstore": direct_obstore,
 }
 
 
@@ -182,8 +209,50 @@ async def via_asyncckpt(a: argparse.Namespace, backend: str) -> dict[str, Any]:
     return {"wall_s": r.wall_s, "gen_s": r.gen_s, "bottleneck": r.bottleneck}
 
 
-def run_backend(a: argparse.Namespace, backend: str) -> dict[str, Any]:
-    """One backend, all three ways (runs in a spawned child)."""
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _reset_peak_rss() -> int:
+    """VmHWM := VmRSS (Linux); returns that RSS in KiB."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_kib("VmRSS")
+
+
+async def loop_lag(a: argparse.Namespace, backend: str, isolation: str) -> dict[str, Any]:
+    """One monitored save (fresh process): the caller's loop lag, and its peak RSS over the pool."""
+    _bench_environment(a)
+    num_buffers = a.max_in_flight + 2
+    sink_class(backend)  # the library imported before the baseline: its runtime starts in the save
+    rss_kib = _reset_peak_rss()
+    async with AsyncCheckpointer(
+        chunk_size=a.part_size,
+        num_buffers=num_buffers,
+        max_in_flight=a.max_in_flight,
+        backend=backend,
+        backend_options={"endpoint_url": a.endpoint, "dotenv": False, "max_in_flight": a.max_in_flight},
+        seed=SEED,
+        isolation=isolation,
+        monitor_interval=0.001,
+    ) as ckpt:
+        r = await ckpt.save(f"s3://{a.bucket}/lag", a.size)
+        peak_kib = _status_kib("VmHWM")
+    lag = r.loop_lag_s
+    return {
+        f"lag_p99_ms_{isolation}": lag.p99 * 1e3,
+        f"lag_max_ms_{isolation}": lag.max * 1e3,
+        f"rss_over_pool_mib_{isolation}": (peak_kib - rss_kib) / 1024 - num_buffers * a.part_size / 2**20,
+    }
+
+
+def run_loop_lag(a: argparse.Namespace, backend: str, isolation: str) -> dict[str, Any]:
+    return asyncio.run(loop_lag(a, backend, isolation))
+
+
+def _bench_environment(a: argparse.Namespace) -> None:
     os.environ.update(
         {
             "AWS_ENDPOINT_URL": a.endpoint,
@@ -194,6 +263,11 @@ def run_backend(a: argparse.Namespace, backend: str) -> dict[str, Any]:
     os.environ.update(
         {"AWS_REGION": "us-east-1", "S3DLIO_UNSIGNED_PAYLOAD": "1", "AWS_EC2_METADATA_DISABLED": "true"}
     )
+
+
+def run_backend(a: argparse.Namespace, backend: str) -> dict[str, Any]:
+    """One backend, all three ways (runs in a spawned child)."""
+    _bench_environment(a)
     out: dict[str, Any] = {"backend": backend}
     fn = DIRECT[backend]
     warm = argparse.Namespace(**{**vars(a), "size": a.part_size})
@@ -214,6 +288,15 @@ def run_backend(a: argparse.Namespace, backend: str) -> dict[str, Any]:
     return out
 
 
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-field medians of one backend's rounds (text fields from the median-speed round)."""
+    by_speed = sorted(runs, key=lambda r: r["asyncckpt_gbps"])
+    out = dict(by_speed[(len(by_speed) - 1) // 2])
+    for key in {k for r in runs for k, v in r.items() if isinstance(v, float)}:
+        out[key] = statistics.median(r[key] for r in runs if key in r)  # a failed run has none
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="256MiB")
@@ -223,6 +306,10 @@ def main() -> None:
     p.add_argument("--bucket", default="bench")
     p.add_argument("--backends", default=",".join(S3_BACKENDS))
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--repeat", type=int, default=1, help="alternating rounds; the table shows medians")
+    p.add_argument(
+        "--loop-lag", default="", help="comma list of isolation modes (none,process): loop lag and RSS"
+    )
     a = p.parse_args()
     a.size, a.part_size = parse_size(a.size, name="--size"), parse_size(a.part_size, name="--part-size")
     server = None
@@ -233,19 +320,40 @@ def main() -> None:
         a.endpoint = server.stdout.readline().split()[1]
     try:
         ctx = mp.get_context("spawn")
-        results = []
+        backends = []
         for backend in a.backends.split(","):
-            if not installed(backend):
+            if installed(backend):
+                backends.append(backend)
+            else:
                 print(
                     f"skipping {backend}: not installed (pip install 'asyncckpt[{S3_BACKENDS[backend][3]}]')"
                 )
-                continue
-            with ctx.Pool(1) as pool:
-                results.append(pool.apply(run_backend, (a, backend)))
+        rounds: dict[str, list[dict[str, Any]]] = {b: [] for b in backends}
+        lag_modes = [m for m in a.loop_lag.split(",") if m]
+        for _ in range(a.repeat):
+            for backend in backends:  # alternate: each round runs every backend once
+                with ctx.Pool(1) as pool:
+                    result = pool.apply(run_backend, (a, backend))
+                for mode in lag_modes:  # not a Pool: its daemonic workers cannot start a writer process
+                    with ProcessPoolExecutor(1, mp_context=ctx) as ex:
+                        try:
+                            result.update(ex.submit(run_loop_lag, a, backend, mode).result())
+                        except Exception as exc:  # a failed save is a finding: shown, not hidden
+                            result.setdefault("lag_failures", []).append(
+                                f"{mode}: {type(exc).__name__}: {exc}"
+                            )
+                            print(
+                                f"{backend}, isolation {mode}: {type(exc).__name__}: {exc}", file=sys.stderr
+                            )
+                rounds[backend].append(result)
     finally:
         if server is not None:
             server.terminate()
             server.wait()
+    results = [median_of(runs) for runs in rounds.values()]
+    lag_columns = [
+        c for m in lag_modes for c in (f"loop p99 ms ({m})", f"loop max ms ({m})", f"RSS over pool MiB ({m})")
+    ]
     rows = [
         (
             r["backend"],
@@ -254,20 +362,31 @@ def main() -> None:
             f"{r['asyncckpt_gbps']:.3f}",
             f"{r['vs_direct']:.2f}x",
             r["asyncckpt_bottleneck"],
+            *(
+                cell
+                for m in lag_modes
+                for cell in (
+                    (
+                        f"{r[f'lag_p99_ms_{m}']:.1f}",
+                        f"{r[f'lag_max_ms_{m}']:.1f}",
+                        f"{r[f'rss_over_pool_mib_{m}']:.0f}",
+                    )
+                    if f"lag_p99_ms_{m}" in r
+                    else ("failed",) * 3
+                )
+            ),
         )
         for r in results
     ]
     print(
         f"{a.size / 2**30:.3f} GiB, parts {a.part_size / 2**20:.0f} MiB, "
-        f"{a.max_in_flight} in flight, {a.endpoint}"
+        f"{a.max_in_flight} in flight, {a.endpoint}, medians of {a.repeat} alternating round(s)"
     )
-    print(
-        format_table(
-            ("backend", "ceiling GB/s", "direct GB/s", "asyncckpt GB/s", "vs direct", "bottleneck"), rows
-        )
-    )
+    header = ("backend", "ceiling GB/s", "direct GB/s", "asyncckpt GB/s", "vs direct", "bottleneck")
+    print(format_table((*header, *lag_columns), rows))
     doc = {"size": a.size, "part_size": a.part_size, "max_in_flight": a.max_in_flight, "endpoint": a.endpoint}
-    text = json.dumps({**doc, "results": results}, indent=2)
+    doc["repeat"] = a.repeat
+    text = json.dumps({**doc, "results": results, "rounds": rounds}, indent=2)
     print(text)
     if a.json is not None:
         a.json.write_text(text + "\n")
