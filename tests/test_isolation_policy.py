@@ -29,7 +29,7 @@ def test_auto_start_method_fork_for_files_forkserver_for_object_stores() -> None
     assert resolve_policy("aiobotocore", isolation="process", environ=NO_ENV).start_method == "forkserver"
 
 
-@pytest.mark.parametrize("backend", ["s3dlio", "aiobotocore", "minio", "s3torchconnector"])
+@pytest.mark.parametrize("backend", ["s3dlio", "aiobotocore", "minio", "s3torchconnector", "obstore"])
 def test_fork_refused_for_object_stores(backend: str) -> None:
     with pytest.raises(ConfigError, match=r"fork.*refused.*Tokio") as info:
         resolve_policy(backend, mp_start_method="fork", environ=NO_ENV)

@@ -159,7 +159,7 @@ def test_request_timeout_option() -> None:
     assert S3Settings.resolve({"dotenv": False}, env={}).request_timeout == 10.0
 
 
-@pytest.mark.parametrize("backend", ["aiobotocore", "minio", "s3dlio", "s3torchconnector"])
+@pytest.mark.parametrize("backend", ["aiobotocore", "minio", "s3dlio", "s3torchconnector", "obstore"])
 def test_an_upload_reports_its_first_failure_over_later_ones(backend: str) -> None:
     import errno
     from concurrent.futures import ThreadPoolExecutor

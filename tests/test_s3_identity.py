@@ -20,7 +20,7 @@ from .s3_harness import CHUNK, in_child, new_bucket, run_child_suite, s3_backend
 
 BACKENDS = s3_backends()
 #: backends whose save and whose HEAD both learn the ETag (s3dlio's stat result is not recorded)
-ETAG_BOTH_SIDES = ("aiobotocore", "minio", "s3dlio", "s3torchconnector")
+ETAG_BOTH_SIDES = ("aiobotocore", "minio", "s3dlio", "s3torchconnector", "obstore")
 
 
 def checkpointer(backend: str, options: dict[str, object], seed: int) -> AsyncCheckpointer:

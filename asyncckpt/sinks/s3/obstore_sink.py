@@ -61,7 +61,12 @@ class ObstoreSink(AppendSink):
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
-        self._store = S3Store(
+        # one S3Store (client and connection pool) per bucket for every object of the store
+        key = ("obstore", self.bucket, self.settings.endpoint_url, self.part_size)
+        self._store = self.shared.get(key, self._build)
+
+    def _build(self) -> S3Store:
+        return S3Store(
             self.bucket,
             config=self._config(),
             client_options=self._client_options(),
@@ -183,9 +188,6 @@ class ObstoreSink(AppendSink):
 
     async def _delete(self) -> None:
         await obstore.delete_async(self._store, self.key)
-
-    async def aclose(self) -> None:
-        await self.abort()
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
