@@ -40,9 +40,9 @@ if TYPE_CHECKING:
 
 _CODE = re.compile(r"<Code>([^<]*)</Code>")
 _MESSAGE = re.compile(r"<Message>([^<]*)</Message>")
-_STATUS = re.compile(r"status code: (\d{3})|status: (\d{3})")
-#: obstore's text for "no answer": connect failures, resets, timeouts before a status
-_UNREACHABLE = ("error sending request", "connection refused", "connection reset", "dns error", "timed out")
+_STATUS = re.compile(r"status code: (\d{3})")
+#: obstore's text for "no answer": the request never went out (refused, name resolution, connect)
+_UNREACHABLE = ("error sending request", "connection refused", "dns error")
 
 
 def _summary(text: str) -> str:
@@ -74,7 +74,8 @@ class ObstoreSink(AppendSink):
         )
 
     def _config(self) -> S3Config:
-        """Every value explicit, so obstore's own reading of ``AWS_*`` variables never wins."""
+        """What asyncckpt resolved, explicit: it wins over obstore's own reading of ``AWS_*``
+        variables, which only fills what is unset (no keys given: its credential chain)."""
         s = self.settings
         config: S3Config = {
             "region": s.region,
@@ -122,8 +123,7 @@ class ObstoreSink(AppendSink):
             return None  # not obstore's: a bug, which propagates unmapped
         text = _summary(str(exc))
         code = m.group(1) if (m := _CODE.search(text)) else ""
-        found = _STATUS.search(text)
-        status = int(found.group(1) or found.group(2)) if found else None
+        status = int(found.group(1)) if (found := _STATUS.search(text)) else None
         if isinstance(exc, FileNotFoundError):
             status, code = 404, code or "NotFound"
         elif isinstance(exc, (PermissionDeniedError, UnauthenticatedError)) and status is None:
@@ -132,7 +132,7 @@ class ObstoreSink(AppendSink):
         first_line = text.splitlines()[0].rstrip(": ") if text else "no message"
         message = f"{code}: {server}" if code and server else f"{type(exc).__name__}: {first_line}"
         unreachable = status is None and (
-            isinstance(exc, ConnectionError) or any(w in text.lower() for w in _UNREACHABLE)
+            isinstance(exc, ConnectionRefusedError) or any(w in text.lower() for w in _UNREACHABLE)
         )
         return ErrorFields(code, message, status, unreachable)
 
