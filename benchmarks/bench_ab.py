@@ -102,7 +102,7 @@ def main() -> None:
         }
         endpoint, target = None, args.target
         if args.target == "s3":
-            endpoint, target = stack.enter_context(discard_endpoint()), "s3://ab"
+            endpoint, target = stack.enter_context(discard_endpoint()), "s3://ab-bench"
         for i in range(args.pairs):
             for side in ("A", "B") if i % 2 == 0 else ("B", "A"):
                 runs[side].append(run_once(trees[side], args, target, endpoint))

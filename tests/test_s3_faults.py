@@ -206,8 +206,8 @@ async def test_part_size_errors_before_any_request(
     backend: str, s3_env: S3Endpoint, options: dict[str, object], size: int, message: str
 ) -> None:
     bucket = await asyncio.to_thread(new_bucket, s3_env)
-    async with checkpointer(backend, s3_env.options(**options)) as ckpt:
-        with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message):  # when the config is built, or at save()
+        async with checkpointer(backend, s3_env.options(**options)) as ckpt:
             await ckpt.save(f"s3://{bucket}/p.bin", size)
     assert await uploads(s3_env, bucket) == []
 

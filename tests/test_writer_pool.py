@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.sinks.s3 import installed
 from asyncckpt.units import MiB
 
-from .conftest import files_in
+from .conftest import ROOT, files_in
 from .s3_harness import in_child, new_bucket
 
 CHUNK = 1 * MiB
@@ -73,3 +75,23 @@ async def test_ten_default_s3_saves_start_one_writer_process(moto_endpoint: S3En
         pids.add(loaded.metadata.extra["writer_pid"])
     assert len(pids) == 1, pids
     assert gone(pids.pop())
+
+
+async def test_minio_in_a_writer_process_writes_the_sealed_footer() -> None:
+    """The footer travels inline (not in the arena); minio's urllib3 still held a view of the
+    child's scratch mapping after the part was stored, and closing it raised BufferError
+    (seen against the discard endpoint of the S3 benchmarks, which answers at once)."""
+    server = ROOT / "benchmarks" / "s3_discard_server.py"
+    proc = subprocess.Popen([sys.executable, str(server), "--port", "0"], stdout=subprocess.PIPE, text=True)  # noqa: ASYNC220
+    try:
+        assert proc.stdout is not None
+        endpoint = (await asyncio.to_thread(proc.stdout.readline)).split()[-1]
+        options = {"endpoint_url": endpoint, "access_key_id": "a", "secret_access_key": "b", "dotenv": False}
+        async with AsyncCheckpointer(
+            chunk_size=32 * MiB, num_buffers=8, backend="minio", isolation="process", backend_options=options
+        ) as ckpt:
+            saved = await ckpt.save("s3://discard/m.bin", 8 * 32 * MiB)  # the footer: a piece of its own
+    finally:
+        proc.kill()
+        await asyncio.to_thread(proc.wait)
+    assert saved.metadata.extra["isolation"] == "process"

@@ -189,7 +189,10 @@ class _Server:
             return await self.do_write_view(hid, offset, view)
         finally:
             view.release()
-            scratch.close()
+            # a client library may still hold a view of it after the call (minio's urllib3
+            # did): the mapping is then freed with that view, not closed under it
+            with contextlib.suppress(BufferError):
+                scratch.close()
 
     async def do_write_view(self, hid: int, offset: int, view: memoryview) -> float:
         start = time.perf_counter()
@@ -219,7 +222,10 @@ class _Server:
             return bytes(view[:n])
         finally:
             view.release()
-            scratch.close()
+            # a client library may still hold a view of it after the call (minio's urllib3
+            # did): the mapping is then freed with that view, not closed under it
+            with contextlib.suppress(BufferError):
+                scratch.close()
 
     async def do_size(self, hid: int) -> int:
         return await self.sink(hid).size()
