@@ -1,0 +1,1 @@
+"""Adapters that let other frameworks' checkpoint APIs write through asyncckpt."""

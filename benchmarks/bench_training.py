@@ -1,0 +1,424 @@
+"""Checkpointing a real CPU training loop: torch.save, DCP, DCP async, asyncckpt (DCP writer, save_state).
+
+A torch MLP trained with Adam (model + optimizer state ≈ ``--state-size``) checkpoints every
+``--every`` steps. Per method, in a fresh child process each (so peak RSS is its own):
+
+- ``blocked_s``: how long the training loop stood still per checkpoint (for background methods:
+  the call until it returned, plus any wait for the previous write before the next one);
+- ``slowdown``: median step time while a checkpoint was being written in the background, over
+  the median step time with none in flight, minus 1 (blocking methods write no step meanwhile);
+- ``GB/s``: state bytes / (checkpoint start → durable) — fsync'd files for every method;
+- ``peak over training``: peak RSS (VmHWM) at the end minus the peak before the first checkpoint;
+  ``over control``: that minus the same figure of ``no_checkpoint`` (the same loop saving
+  nothing: Adam's temporaries and the allocator still raise the peak after the first mark);
+- ``identical``: a fresh model restored from the last checkpoint gives bit-identical outputs.
+
+A ``memcpy`` child times one copy of the whole state into preallocated tensors: the floor for
+a staging copy. Methods alternate within each repeat; medians over repeats are reported.
+
+    python benchmarks/bench_training.py [--state-size 256MiB] [--repeats 3] [--dir /var/tmp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from _common import emit, median
+
+from asyncckpt import parse_size
+
+METHODS = (
+    "no_checkpoint",  # the control: the same loop, nothing saved (the training's own RSS drift)
+    "torch_save",
+    "dcp_save",
+    "dcp_async_save",
+    "asyncckpt_dcp",
+    "asyncckpt_dcp_async",
+    "save_state_none",
+    "save_state_host",
+)
+WIDTH = 2048
+BATCH = 32
+GiB = 1 << 30
+
+
+def status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+# -- the training job -------------------------------------------------------------------------
+def build(state_size: int, seed: int) -> tuple[Any, Any]:
+    """An MLP of WIDTH×WIDTH layers whose weights + Adam's two moments ≈ ``state_size`` bytes."""
+    import torch
+
+    torch.manual_seed(seed)
+    layers = max(1, round(state_size / (12 * (WIDTH * WIDTH + WIDTH))))
+    blocks: list[Any] = []
+    for _ in range(layers):
+        blocks += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.GELU()]
+    model = torch.nn.Sequential(*blocks)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-4)
+
+
+def train_step(model: Any, opt: Any, batch: Any) -> None:
+    opt.zero_grad(set_to_none=True)
+    model(batch).square().mean().backward()
+    opt.step()
+
+
+def state_bytes(state: Any) -> int:
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(v) for v in state)
+    return 0
+
+
+# -- one method per child -----------------------------------------------------------------------
+class Method:
+    """start(state, path) -> a future when the write goes on in the background, else None."""
+
+    def __init__(self, name: str, chunk: int, buffers: int) -> None:
+        self.name, self.chunk, self.buffers = name, chunk, buffers
+        self.thread: Any = None
+        self.writer: Any = None
+        if name.startswith("save_state"):
+            from asyncckpt.config import CheckpointConfig
+            from asyncckpt.integrations.loop_thread import CheckpointerThread
+
+            self.thread = CheckpointerThread(CheckpointConfig(chunk_size=chunk, num_buffers=buffers), "bench")
+        elif name.startswith("asyncckpt_dcp"):
+            from asyncckpt.integrations.dcp import AsyncCkptStorageWriter
+
+            self.writer = AsyncCkptStorageWriter(os.devnull, chunk_size=chunk, num_buffers=buffers)
+
+    def start(self, state: dict[str, Any], path: Path) -> Future[Any] | None:
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        if self.name == "no_checkpoint":
+            return None
+        if self.name == "torch_save":
+            with open(path, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            return None
+        if self.name in ("dcp_save", "dcp_async_save"):
+            writer = dcp.FileSystemWriter(path)  # sync_files=True: fsync'd, as asyncckpt's
+            if self.name == "dcp_save":
+                dcp.save(state, storage_writer=writer)
+                return None
+            return dcp.async_save(state, storage_writer=writer)  # type: ignore[return-value]
+        if self.name.startswith("asyncckpt_dcp"):
+            self.writer.reset(path)
+            if self.name == "asyncckpt_dcp":
+                dcp.save(state, storage_writer=self.writer, checkpoint_id=path)
+                return None
+            return dcp.async_save(state, storage_writer=self.writer, checkpoint_id=path)  # type: ignore[return-value]
+        staging = "host" if self.name == "save_state_host" else "none"
+
+        async def save(ckpt: Any) -> Any:
+            return await ckpt.save_state(str(path), state, staging=staging)
+
+        handle = self.thread.run(save)
+        if staging == "none":
+            return None
+
+        async def durable(_: Any) -> Any:
+            return await handle
+
+        fut: Future[Any] = self.thread.submit(durable)
+        return fut
+
+    def restore(self, model: Any, opt: Any, path: Path) -> None:
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        state = {"model": model.state_dict(), "optim": opt.state_dict()}
+        if self.name == "torch_save":
+            state = torch.load(path, weights_only=True)
+        elif self.name.startswith("dcp"):
+            dcp.load(state, storage_reader=dcp.FileSystemReader(path))
+        elif self.name.startswith("asyncckpt_dcp"):
+            from asyncckpt.integrations.dcp import AsyncCkptStorageReader
+
+            with AsyncCkptStorageReader(path, chunk_size=self.chunk, num_buffers=self.buffers) as reader:
+                dcp.load(state, storage_reader=reader)
+        else:
+
+            async def load(ckpt: Any) -> Any:
+                return (await ckpt.load_state(str(path), into=state)).state
+
+            state = self.thread.run(load)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+
+    def close(self) -> None:
+        for owner in (self.thread, self.writer):
+            if owner is not None:
+                owner.close()
+
+
+def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    import torch
+
+    torch.manual_seed(0)
+    model, opt = build(args.state_size, seed=1)
+    probe_input = torch.randn(4, WIDTH)
+    batches = [torch.randn(BATCH, WIDTH) for _ in range(4)]
+    method = Method(name, args.chunk_size, args.num_buffers)
+    root = Path(tempfile.mkdtemp(prefix=f"bench-training-{name}-", dir=args.dir))
+    steps: list[tuple[float, bool]] = []  # (seconds, a background write was in flight)
+    blocked: list[float] = []
+    write_s: list[float] = []
+    pending: Future[Any] | None = None
+    durable = threading.Event()
+    started = done_at = 0.0
+    last: Path | None = None
+    reference = None
+    train_peak = nbytes = 0
+
+    def finished(_: Future[Any]) -> None:
+        nonlocal done_at
+        done_at = time.perf_counter()
+        durable.set()
+
+    def wait_durable() -> None:
+        assert pending is not None
+        durable.wait()
+        pending.result()  # its error, if any
+        write_s.append(done_at - started)
+
+    def step_once(i: int) -> None:
+        busy = pending is not None and not durable.is_set()
+        t0 = time.perf_counter()
+        train_step(model, opt, batches[i % len(batches)])
+        steps.append((time.perf_counter() - t0, busy))
+
+    try:
+        for step in range(args.warmup + (args.checkpoints - 1) * args.every):
+            step_once(step)
+            if step < args.warmup - 1 or (step - args.warmup + 1) % args.every:
+                continue
+            train_peak = train_peak or status_bytes("VmHWM")  # the training's own, before any checkpoint
+            t0 = time.perf_counter()
+            if pending is not None:  # the previous write must be durable before the next starts
+                wait_durable()
+                pending = None
+            state = {"model": model.state_dict(), "optim": opt.state_dict()}
+            nbytes = state_bytes(state)
+            with torch.no_grad():
+                reference = model(probe_input)  # what the checkpoint about to be taken computes
+            t_ref = time.perf_counter() - t0
+            last = root / f"step-{step}{'.pt' if name == 'torch_save' else ''}"
+            durable.clear()
+            started = time.perf_counter()
+            pending = method.start(state, last)
+            returned = time.perf_counter()
+            blocked.append(returned - t0 - t_ref)
+            if pending is None:
+                write_s.append(returned - started)
+            else:
+                pending.add_done_callback(finished)
+        # the last write: train on while it runs (these steps count), then wait for it
+        while pending is not None and not durable.is_set() and len(steps) < 10 * args.every + args.warmup:
+            step_once(len(steps))
+        if pending is not None:
+            wait_durable()
+        peak = status_bytes("VmHWM")
+        assert last is not None and reference is not None
+        identical = None
+        if name != "no_checkpoint":
+            fresh, fresh_opt = build(args.state_size, seed=2)
+            train_step(fresh, fresh_opt, batches[0])  # Adam's state exists, to be loaded into
+            method.restore(fresh, fresh_opt, last)
+            with torch.no_grad():
+                identical = bool(torch.equal(fresh(probe_input), reference))
+    finally:
+        method.close()
+        shutil.rmtree(root, ignore_errors=True)
+    quiet = [s for s, busy in steps[args.warmup :] if not busy]
+    busy = [s for s, b in steps[args.warmup :] if b]
+    return {
+        "method": name,
+        "state_bytes": nbytes,
+        "blocked_s": median(blocked),
+        "blocked_each_s": blocked,
+        "blocked_steady_s": median(blocked[1:]) if len(blocked) > 1 else None,  # buffers already faulted in
+        "write_s": median(write_s),
+        "throughput_bps": None if name == "no_checkpoint" else nbytes / median(write_s),
+        "step_s": median(quiet) if quiet else None,
+        "step_s_writing": median(busy) if busy else None,
+        "slowdown": (median(busy) / median(quiet) - 1) if busy and quiet else None,
+        "steps_writing": len(busy),
+        "train_peak_rss": train_peak,
+        "peak_rss": peak,
+        "peak_over_training": peak - train_peak,
+        "identical": identical,
+        "checkpoints": len(blocked),
+    }
+
+
+def run_memcpy(args: argparse.Namespace) -> dict[str, Any]:
+    """One copy of the whole state into preallocated, already faulted-in memory: the floor of a
+    staging copy. The faster of torch ``copy_`` into like tensors and a single-threaded NumPy
+    copy into one flat buffer; each the fastest of 4 passes after one that faults pages in."""
+    import numpy as np
+    import torch
+
+    model, opt = build(args.state_size, seed=1)
+    train_step(model, opt, torch.randn(BATCH, WIDTH))
+    tensors = [t for t in [*model.state_dict().values(), *_leaves(opt.state_dict())] if t.numel() > 1]
+    sources = [t.reshape(-1).view(torch.uint8).numpy() for t in tensors]
+    nbytes = sum(len(s) for s in sources)
+    copies = [torch.empty_like(t) for t in tensors]
+    flat = np.empty(nbytes, np.uint8)
+
+    def torch_copy() -> None:
+        for dst, src in zip(copies, tensors, strict=True):
+            dst.copy_(src)
+
+    def numpy_copy() -> None:
+        offset = 0
+        for src in sources:
+            np.copyto(flat[offset : offset + len(src)], src)
+            offset += len(src)
+
+    best = {}
+    for label, copy in (("torch", torch_copy), ("numpy", numpy_copy)):
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            copy()
+            times.append(time.perf_counter() - t0)
+        best[label] = min(times[1:])
+    return {"method": "memcpy", "state_bytes": nbytes, "memcpy_s": min(best.values()), "copies_s": best}
+
+
+def _leaves(state: Any) -> list[Any]:
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [x for v in state.values() for x in _leaves(v)]
+    if isinstance(state, (list, tuple)):
+        return [x for v in state for x in _leaves(v)]
+    return []
+
+
+# -- the parent -------------------------------------------------------------------------------
+def child(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", name, *sys.argv[1:]]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
+    row: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return row
+
+
+def summarize(rows: list[dict[str, Any]], memcpy_s: float) -> list[dict[str, Any]]:
+    control = [r["peak_over_training"] for r in rows if r["method"] == "no_checkpoint"]
+    drift = median(control) if control else 0.0  # what the training alone adds after the first mark
+    out = []
+    for name in METHODS:
+        mine = [r for r in rows if r["method"] == name]
+        if not mine:
+            continue
+
+        def med(key: str, runs: list[dict[str, Any]] = mine) -> float | None:
+            values = [r[key] for r in runs if r[key] is not None]
+            return median(values) if values else None
+
+        blocked = med("blocked_s")
+        steady = med("blocked_steady_s")
+        out.append(
+            {
+                "method": name,
+                "blocked_s": blocked,
+                "blocked_steady_s": steady,  # the first checkpoint also faults in its buffers
+                "steady_vs_memcpy": steady / memcpy_s if steady is not None else None,
+                "GB/s": None if name == "no_checkpoint" else (med("throughput_bps") or 0) / 1e9,
+                "step_s": med("step_s"),
+                "slowdown": med("slowdown"),
+                "peak_over_training_MiB": (med("peak_over_training") or 0) / 2**20,
+                "over_control_MiB": ((med("peak_over_training") or 0) - drift) / 2**20,
+                "identical": None if name == "no_checkpoint" else all(r["identical"] for r in mine),
+                "repeats": len(mine),
+            }
+        )
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--state-size", type=parse_size, default=parse_size("256MiB"), help="model + Adam state")
+    p.add_argument("--every", type=int, default=6, help="steps between checkpoints")
+    p.add_argument(
+        "--checkpoints", type=int, default=3, help="checkpoints per run (the first faults in buffers)"
+    )
+    p.add_argument("--warmup", type=int, default=3, help="steps before the first checkpoint")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--chunk-size", type=parse_size, default=parse_size("32MiB"))
+    p.add_argument("--num-buffers", type=int, default=8)
+    p.add_argument(
+        "--dir", default=tempfile.gettempdir(), help="where checkpoints are written (deleted after)"
+    )
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    warnings.filterwarnings("ignore")
+    if args.child:
+        row = run_memcpy(args) if args.child == "memcpy" else run_method(args, args.child)
+        print(json.dumps(row))
+        return
+    names = [m for m in args.methods.split(",") if m]
+    unknown = set(names) - set(METHODS)
+    if unknown:
+        raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
+    rows: list[dict[str, Any]] = []
+    memcpy: list[float] = []
+    for rep in range(args.repeats):
+        order = names[rep % len(names) :] + names[: rep % len(names)]  # alternate who goes first
+        memcpy.append(child(args, "memcpy")["memcpy_s"])
+        for name in order:
+            rows.append({**child(args, name), "repeat": rep})
+            print(f"rep {rep} {name}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+    memcpy_s = median(memcpy)
+    summary = summarize(rows, memcpy_s)
+    headers = [
+        *("method", "blocked_s", "blocked_steady_s", "steady_vs_memcpy", "GB/s", "step_s", "slowdown"),
+        *("peak_over_training_MiB", "over_control_MiB", "identical", "repeats"),
+    ]
+    extra = {
+        "state_bytes": rows[0]["state_bytes"],
+        "memcpy_s": memcpy_s,
+        "pool_bytes": args.chunk_size * args.num_buffers,
+        "args": {k: v for k, v in vars(args).items() if k != "child"},
+        "runs": rows,
+    }
+    emit("training", summary, headers, extra)
+
+
+if __name__ == "__main__":
+    main()
