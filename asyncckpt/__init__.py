@@ -18,6 +18,7 @@ from .errors import (
     SourceChangedError,
     StallError,
     StateFormatError,
+    StepNotCommittedError,
     StorageError,
     StoragePermissionError,
     TargetNotFoundError,
@@ -25,6 +26,7 @@ from .errors import (
     UnsupportedSchemeError,
     WriterProcessError,
 )
+from .manager import CheckpointManager, ManagerStats
 from .metrics import ChunkRecord, ReadRecord
 from .results import LoadResult, RunMetadata, SaveResult
 from .secrets import Secret
@@ -36,6 +38,7 @@ __all__ = [
     "AsyncCheckpointer",
     "AsyncCkptError",
     "CheckpointConfig",
+    "CheckpointManager",
     "ChecksumMismatchError",
     "ChunkRecord",
     "ConfigError",
@@ -44,6 +47,7 @@ __all__ = [
     "IntegrityError",
     "KiB",
     "LoadResult",
+    "ManagerStats",
     "ManifestError",
     "ManifestMissingError",
     "MiB",
@@ -56,6 +60,7 @@ __all__ = [
     "SourceChangedError",
     "StallError",
     "StateFormatError",
+    "StepNotCommittedError",
     "StorageError",
     "StoragePermissionError",
     "TargetNotFoundError",
