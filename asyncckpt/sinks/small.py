@@ -36,17 +36,25 @@ async def put_bytes(sink: Sink, data: bytes) -> dict[str, object]:
         scratch.close()
 
 
+async def read_upto(sink: Sink, size: int) -> bytes:
+    """The first ``size`` bytes of the object; fewer if it ends sooner (callers check)."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = await sink.read_into(got, view[got:])
+        if n <= 0:
+            break
+        got += n
+    return bytes(buf[:got])
+
+
 async def get_bytes(sink: Sink, limit: int = 1 << 20) -> bytes:
     """The whole object (at most ``limit`` bytes: these are records, not checkpoints)."""
     size = await sink.size()
     if size > limit:
         raise IntegrityError(f"{sink.uri!r} is {size} bytes, more than a small record may be ({limit})")
-    buf = bytearray(size)
-    view = memoryview(buf)
-    done = 0
-    while done < size:
-        n = await sink.read_into(done, view[done:])
-        if n <= 0:
-            break
-        done += n
-    return bytes(buf[:done])
+    data = await read_upto(sink, size)
+    if len(data) < size:
+        raise IntegrityError(f"{sink.uri!r} ended after {len(data)} of {size} bytes")
+    return data
