@@ -166,8 +166,8 @@ async def start_step(
     step: int,
     state: Mapping[Any, Any],
     *,
+    coll: Collectives,
     staging: Literal["none", "host"] = "none",
-    coll: Collectives | None = None,
     after: asyncio.Future[Any] | None = None,
 ) -> asyncio.Task[StepCommit]:
     """Write this rank's object of ``step``; return the task that commits the step.
@@ -177,13 +177,18 @@ async def start_step(
     ``after`` (the previous step's task) keeps the ranks' collectives in that order.
     """
     base = step_uri(check_root(root), check_step(step))
-    coll = coll or get_collectives()
     await _make_dir(base)
     if coll.is_coordinator:
         owner = {"host": host(), "boot": boot_id(), "pid": os.getpid(), "started_at": time.time()}
         await _put(ckpt, f"{base}/{OWNER}", owner)
     name = rank_object(coll.rank, coll.world_size)
-    saving = await ckpt.save_state(f"{base}/{name}", state, staging=staging)
+    saving: StateSaveResult | StagedSave | Exception
+    try:
+        saving = await ckpt.save_state(f"{base}/{name}", state, staging=staging)
+    except Exception as exc:
+        if coll.world_size == 1:
+            raise
+        saving = exc  # the peers still learn it in the all-gather, instead of waiting forever
     task = _commit(ckpt, base, step, name, saving, coll, after)
     return asyncio.create_task(task, name=f"asyncckpt-commit {base}")
 
@@ -193,22 +198,35 @@ async def _commit(
     base: str,
     step: int,
     name: str,
-    saving: StateSaveResult | StagedSave,
+    saving: StateSaveResult | StagedSave | Exception,
     coll: Collectives,
     after: asyncio.Future[Any] | None,
 ) -> StepCommit:
-    saved = await saving if isinstance(saving, StagedSave) else saving
+    mine: tuple[str, int, Any] | None = None
+    failure: Exception | None = saving if isinstance(saving, Exception) else None
+    try:
+        saved = await saving if isinstance(saving, StagedSave) else saving
+        if isinstance(saved, StateSaveResult):
+            facts = saved.save.metadata.extra
+            mine = (name, saved.save.size_bytes, facts.get("etag") or facts.get("identity"))
+    except Exception as exc:
+        failure = exc
     if after is not None:  # the previous step's collectives first, on every rank
         await asyncio.wait([after])
-    facts = saved.save.metadata.extra
-    mine = (name, saved.save.size_bytes, facts.get("etag") or facts.get("identity"))
     every = await coll.all_gather_object(mine)  # returns only once every rank's object is durable
+    if failure is not None:
+        raise failure
+    failed = [rank for rank, entry in enumerate(every) if entry is None]
+    if failed:  # every rank raises: none waits for a commit that will not come
+        raise StepNotCommittedError(
+            f"step {step} under {base!r} not committed: rank(s) {failed} failed to save"
+        )
     record = StepCommit(
         step=step,
         world_size=coll.world_size,
-        objects=[e[0] for e in every],
-        sizes=[e[1] for e in every],
-        identities=[e[2] for e in every],
+        objects=[e[0] for e in every if e],
+        sizes=[e[1] for e in every if e],
+        identities=[e[2] for e in every if e],
         committed_at=time.time(),
     )
     if coll.is_coordinator:
@@ -226,7 +244,10 @@ async def save_step(
     coll: Collectives | None = None,
 ) -> StepCommit:
     """Save this rank's ``state`` as part of ``step`` and return once the step is committed."""
-    return await (await start_step(ckpt, root, step, state, coll=coll))
+    if coll is not None:
+        return await (await start_step(ckpt, root, step, state, coll=coll))
+    async with get_collectives() as own:
+        return await (await start_step(ckpt, root, step, state, coll=own))
 
 
 async def load_step(
@@ -245,7 +266,9 @@ async def load_step(
     base_root = check_root(root)
     if step is not None:
         check_step(step)
-    coll = coll or get_collectives()
+    if coll is None:
+        async with get_collectives() as own:
+            return await load_step(ckpt, base_root, step, into=into, as_torch=as_torch, coll=own)
     if step is None:
         step = await latest_step(ckpt, base_root)
         if step is None:

@@ -152,6 +152,17 @@ def test_two_ranks_under_torchrun(tmp_path: Path) -> None:
 
 
 @pytest.mark.mpi
+async def test_a_rank_whose_save_fails_fails_the_step_on_every_rank(tmp_path: Path) -> None:
+    proc = await asyncio.to_thread(mpirun, "tests.steps_child", str(tmp_path), "fail")
+    assert proc.returncode == 0, proc.stderr  # nobody hung in the all-gather
+    assert (tmp_path / "error-1.txt").read_text().startswith("ConfigError")
+    assert (tmp_path / "error-0.txt").read_text().startswith(
+        "StepNotCommittedError: step 2 under"
+    ) and "rank(s) [1] failed to save" in (tmp_path / "error-0.txt").read_text()
+    assert not (tmp_path / "step-2" / COMMIT).exists() and (tmp_path / "step-1" / COMMIT).exists()
+
+
+@pytest.mark.mpi
 async def test_a_rank_killed_mid_step_leaves_the_previous_step_loadable(tmp_path: Path) -> None:
     proc = await asyncio.to_thread(mpirun, "tests.steps_child", str(tmp_path), "crash")
     assert proc.returncode != 0  # rank 1 was SIGKILLed, the launcher tore rank 0 down
