@@ -209,6 +209,27 @@ async def test_manager_saves_every_n_keeps_last_and_restores(tmp_path: Path) -> 
     assert into["model"]["w"][0] == 12 and again.restored is not None and again.restored.state["step"] == 12
 
 
+async def test_manager_on_s3_keeps_last_and_restores(s3_endpoint: S3Endpoint) -> None:
+    bucket = await asyncio.to_thread(new_bucket, s3_endpoint)
+    root = f"s3://{bucket}/run"
+    options: dict[str, Any] = {"chunk_size": CHUNK, "num_buffers": 3, "backend": "aiobotocore"}
+    options["backend_options"] = s3_endpoint.options()
+    async with CheckpointManager(root, keep_last=1, **options) as mgr:
+        for step in (1, 2, 3):
+            await mgr.maybe_save(step, state_of(step))
+    assert mgr.stats.saved == [1, 2, 3] and mgr.stats.deleted == [1, 2]
+    listed = await asyncio.to_thread(s3_endpoint.client().list_objects_v2, Bucket=bucket)
+    keys = sorted(o["Key"] for o in listed["Contents"])
+    assert keys == [
+        "run/step-3/COMMITTED.json",
+        "run/step-3/OWNER.json",
+        "run/step-3/rank-0-of-1.safetensors",
+    ]
+    async with CheckpointManager(root, **options) as again:
+        assert await again.restore() == 3 and again.restored is not None
+    assert np.array_equal(again.restored.state["model"]["w"], state_of(3)["model"]["w"])
+
+
 async def test_manager_when_busy_skip_records_the_skipped_step(tmp_path: Path) -> None:
     ckpt = GatedCheckpointer(chunk_size=MiB, num_buffers=4)
     async with ckpt, CheckpointManager(tmp_path, when_busy="skip", checkpointer=ckpt) as mgr:
