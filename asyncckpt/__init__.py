@@ -19,6 +19,7 @@ from .errors import (
     SourceChangedError,
     StallError,
     StateFormatError,
+    StepNotCommittedError,
     StorageError,
     StoragePermissionError,
     TargetNotFoundError,
@@ -26,6 +27,7 @@ from .errors import (
     UnsupportedSchemeError,
     WriterProcessError,
 )
+from .manager import CheckpointManager, ManagerStats
 from .metrics import ChunkRecord, ReadRecord
 from .results import LoadResult, RunMetadata, SaveResult
 from .secrets import Secret
@@ -37,6 +39,7 @@ __all__ = [
     "AsyncCheckpointer",
     "AsyncCkptError",
     "CheckpointConfig",
+    "CheckpointManager",
     "ChecksumMismatchError",
     "ChunkRecord",
     "CollectiveError",
@@ -46,6 +49,7 @@ __all__ = [
     "IntegrityError",
     "KiB",
     "LoadResult",
+    "ManagerStats",
     "ManifestError",
     "ManifestMissingError",
     "MiB",
@@ -58,6 +62,7 @@ __all__ = [
     "SourceChangedError",
     "StallError",
     "StateFormatError",
+    "StepNotCommittedError",
     "StorageError",
     "StoragePermissionError",
     "TargetNotFoundError",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from . import modes
+from . import modes, steps
 from ._blocking import Offload, run_blocking
 from .commit import commit, note_publication
 from .config import CheckpointConfig, validate_size
@@ -137,6 +137,29 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                 await sink.delete()
             finally:
                 await sink.aclose()
+
+    # -- step directories (asyncckpt.steps) ---------------------------------------------
+    async def save_step(
+        self, root: str | os.PathLike[str], step: int, state: Mapping[Any, Any]
+    ) -> steps.StepCommit:
+        """This rank's ``state`` as part of ``<root>/step-<step>``; returns once committed."""
+        return await steps.save_step(self, root, step, state)
+
+    async def load_step(
+        self,
+        root: str | os.PathLike[str],
+        step: int | None = None,
+        *,
+        into: Mapping[Any, Any] | None = None,
+        as_torch: bool = False,
+    ) -> steps.StepLoad:
+        """This rank's state of a committed step (default: the latest); StepNotCommittedError
+        when the step has no commit record."""
+        return await steps.load_step(self, root, step, into=into, as_torch=as_torch)
+
+    async def latest_step(self, root: str | os.PathLike[str]) -> int | None:
+        """The newest committed step under ``root``, or None."""
+        return await steps.latest_step(self, root)
 
     # -- saving ------------------------------------------------------------------------
     def _sink(self, uri: str) -> Sink:

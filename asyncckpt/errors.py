@@ -134,3 +134,7 @@ def map_os_error(exc: OSError, what: str) -> StorageError:
     err = cls(exc.errno, message)
     err.__cause__ = exc
     return err
+
+
+class StepNotCommittedError(AsyncCkptError, FileNotFoundError):
+    """A step directory has no commit record: it was never completed on every rank."""

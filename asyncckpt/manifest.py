@@ -23,6 +23,7 @@ from .errors import ManifestError, ManifestMissingError, TargetNotFoundError
 from .manifest_schema import manifest_fields
 from .metrics import ChunkRecord
 from .sinks.base import Sink
+from .sinks.small import read_upto
 
 FORMAT = "asyncckpt-manifest"
 VERSION = 1
@@ -160,12 +161,7 @@ async def read_manifest(sink: Sink, object_uri: str) -> Manifest:
         ) from None
     if not 0 < size <= MAX_MANIFEST_BYTES:
         raise ManifestError(f"manifest {where!r} has an implausible size of {size} bytes")
-    raw = bytearray(size)
-    view = memoryview(raw)
-    got = 0
-    while got < size:
-        n = await sink.read_into(got, view[got:])
-        if n <= 0:
-            raise ManifestError(f"manifest {where!r} ended after {got} of {size} bytes")
-        got += n
-    return Manifest.from_json(bytes(raw), where)
+    raw = await read_upto(sink, size)
+    if len(raw) < size:
+        raise ManifestError(f"manifest {where!r} ended after {len(raw)} of {size} bytes")
+    return Manifest.from_json(raw, where)

@@ -58,11 +58,22 @@ class Owner:
             return "dead"
         except PermissionError:
             return "alive"  # someone else's process
-        return "alive"
+        return "dead" if _zombie(self.pid) else "alive"
 
     def provably_dead(self) -> bool:
         """True only for a save of this host and boot whose process is gone."""
         return self.state() == "dead"
+
+
+def _zombie(pid: int) -> bool:
+    """A process that exited but was not reaped (an orphan under a PID 1 that does not reap,
+    as in containers): it still answers kill(pid, 0) yet never runs again."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("Z", "X")
 
 
 def temp_name(name: str) -> str:

@@ -193,6 +193,10 @@ class WatchedSink(Sink):
         await self.inner.start()
         await self.watchdog.run("delete", self.inner.delete)
 
+    async def list_names(self) -> list[str]:
+        await self.inner.start()
+        return await self.watchdog.run("list", self.inner.list_names)
+
     async def aclose(self) -> None:
         with contextlib.suppress(StallError):  # logged by the watchdog; the client closes later
             await self.watchdog.run("close", self.inner.aclose)

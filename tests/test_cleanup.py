@@ -90,3 +90,17 @@ def test_pending_s3_uploads_under_a_prefix(moto_endpoint: S3Endpoint, tmp_path: 
     left = {(u["Key"], u["UploadId"]) for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])}
     assert ("run1/rank0.bin", ours) not in left
     assert [k for k, _ in left] == ["other/rank0.bin"]  # outside the prefix: untouched
+
+
+def test_an_exited_but_unreaped_owner_is_dead() -> None:
+    """A zombie (exited, not yet reaped, as orphans are under a PID 1 that does not reap)
+    still answers kill(pid, 0); it owns nothing any more."""
+    from asyncckpt.owner import Owner
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # exited; left unreaped: a zombie
+    try:
+        assert Owner("x", host(), boot_id(), proc.pid).state() == "dead"
+    finally:
+        proc.wait()
+    assert Owner("x", host(), boot_id(), os.getpid()).state() == "alive"

@@ -233,5 +233,8 @@ class _Server:
     async def do_delete(self, hid: int) -> None:
         await self.sink(hid).delete()
 
+    async def do_list(self, hid: int) -> list[str]:
+        return await self.sink(hid).list_names()
+
     async def do_describe(self, hid: int) -> dict[str, Any]:
         return self.sink(hid).describe()

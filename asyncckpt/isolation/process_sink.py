@@ -440,6 +440,10 @@ class ProcessSink(Sink):
     async def delete(self) -> None:
         await self._call("delete")
 
+    async def list_names(self) -> list[str]:
+        names: list[str] = await self._call("list")
+        return names
+
     async def aclose(self) -> None:
         writer = self._writer
         if writer is None:

@@ -12,6 +12,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..errors import ConfigError
 from .store import Shared
 
 if TYPE_CHECKING:
@@ -98,6 +99,12 @@ class Sink(ABC):
     @abstractmethod
     async def delete(self) -> None:
         """Remove the published object (no error if absent)."""
+
+    async def list_names(self) -> list[str]:
+        """Names of the objects one level under this URI taken as a directory or prefix
+        (``<uri>/<name>`` or ``<uri>/<name>/...``), sorted; [] when there are none. One level
+        is what step directories need, and it is what a file system lists cheaply."""
+        raise ConfigError(f"backend {self.backend!r} cannot list objects under {self.uri!r}")
 
     async def aclose(self) -> None:
         """Release descriptors, and clients unless a store shares them."""

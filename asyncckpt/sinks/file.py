@@ -338,8 +338,32 @@ class FileSink(Sink):
         except OSError as exc:
             raise map_os_error(exc, f"stat {str(self.path)!r}") from None
 
+    def _delete_sync(self) -> None:
+        if self.path.is_dir() and not self.path.is_symlink():
+            self.path.rmdir()  # an emptied step directory; OSError if anything is left in it
+        else:
+            self.path.unlink(missing_ok=True)
+
     async def delete(self) -> None:
-        await run_blocking(self.executor, self.path.unlink, True)
+        """Remove the file, or an empty directory (a step whose objects were deleted)."""
+        try:
+            await run_blocking(self.executor, self._delete_sync)
+        except OSError as exc:
+            raise map_os_error(exc, f"delete {str(self.path)!r}") from None
+
+    def _list_sync(self) -> list[str]:
+        if not self.path.exists():
+            return []
+        if not self.path.is_dir():
+            raise ConfigError(f"{str(self.path)!r} is a file, not a directory to list")
+        with os.scandir(self.path) as entries:  # hidden names: temporaries of saves in progress
+            return sorted(e.name for e in entries if not e.name.startswith("."))
+
+    async def list_names(self) -> list[str]:
+        try:
+            return await run_blocking(self.executor, self._list_sync)
+        except OSError as exc:
+            raise map_os_error(exc, f"list {str(self.path)!r}") from None
 
     async def aclose(self) -> None:
         await self.abort()

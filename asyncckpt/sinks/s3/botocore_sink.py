@@ -267,6 +267,17 @@ class AiobotocoreSink(MultipartSink):
         await self._control("delete_object")
 
     # -- leftovers (asyncckpt.leftovers) -----------------------------------------------------
+    async def _list(self, prefix: str) -> list[str]:
+        client = await self._s3(self.settings.endpoint_url)
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        keys: list[str] = []
+        while True:  # ListObjectsV2, page by page (1000 keys each)
+            page = await client.list_objects_v2(**args)
+            keys.extend(o["Key"] for o in page.get("Contents", []))
+            if not page.get("IsTruncated"):
+                return keys
+            args["ContinuationToken"] = page["NextContinuationToken"]
+
     async def pending_uploads(self) -> list[dict[str, Any]]:
         """Multipart uploads whose key starts with this sink's key (taken as a prefix)."""
         return await self.guarded("list multipart uploads under", self._list_uploads)

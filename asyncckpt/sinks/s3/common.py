@@ -218,6 +218,10 @@ class S3SinkBase(Sink):
     async def _delete(self) -> None:
         """Remove the object (absent is not an error)."""
 
+    @abstractmethod
+    async def _list(self, prefix: str) -> list[str]:
+        """Every key of the bucket that starts with ``prefix`` (all pages)."""
+
     # -- shared by both protocols ------------------------------------------------------
     async def _put_small(self, started: float) -> dict[str, float]:
         small, self._small = self._small, None
@@ -259,6 +263,12 @@ class S3SinkBase(Sink):
     async def delete(self) -> None:
         self._object_size = None
         await self.guarded("delete", self._delete)
+
+    async def list_names(self) -> list[str]:
+        """One level under ``<key>/``: the first component of each key below it."""
+        prefix = self.key.rstrip("/") + "/"
+        keys = await self.guarded("list objects under", self._list, prefix)
+        return sorted({k[len(prefix) :].split("/", 1)[0] for k in keys if k.startswith(prefix)} - {""})
 
     async def aclose(self) -> None:
         await self.abort()  # an upload left open is discarded, never published

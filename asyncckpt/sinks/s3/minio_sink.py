@@ -127,6 +127,14 @@ class MinioSink(MultipartSink):
     async def _delete(self) -> None:
         await self._call(self._client.remove_object, self.bucket, self.key)
 
+    async def _list(self, prefix: str) -> list[str]:
+        def keys() -> list[str]:
+            found = self._client.list_objects(self.bucket, prefix=prefix, recursive=True)
+            return [o.object_name for o in found]
+
+        listed: list[str] = await self._call(keys)
+        return listed
+
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["payload_signing"] = "minio default: SHA-256 over http, unsigned over https"

@@ -189,6 +189,13 @@ class ObstoreSink(AppendSink):
     async def _delete(self) -> None:
         await obstore.delete_async(self._store, self.key)
 
+    async def _list(self, prefix: str) -> list[str]:
+        # object_store lists by path segments: "a/b/" and "a/b" both mean the folder a/b
+        keys: list[str] = []
+        async for batch in obstore.list(self._store, prefix.rstrip("/") or None, chunk_size=1000):
+            keys.extend(meta["path"] for meta in batch)
+        return keys
+
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["part_latency_note"] = "time to hand a chunk to obstore's writer (it uploads in the background)"

@@ -163,6 +163,11 @@ class S3dlioSink(AppendSink):
         text = f"HTTP {status} {code}: {error_message(body) or 'no message'}"
         raise storage_error(code, text, self.what("delete"), s)
 
+    async def _list(self, prefix: str) -> list[str]:
+        found = await self._call(s3dlio.list, f"s3://{self.bucket}/{prefix}", recursive=True)
+        base = f"s3://{self.bucket}/"  # s3dlio answers with URIs (older versions: keys)
+        return [str(u)[len(base) :] if str(u).startswith(base) else str(u) for u in found]
+
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["parts"] = self._parts or out["parts"]

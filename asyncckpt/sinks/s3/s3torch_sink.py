@@ -146,6 +146,14 @@ class S3TorchSink(AppendSink):
     async def _delete(self) -> None:
         await self._call(lambda: self._s3().delete_object(self.bucket, self.key))
 
+    async def _list(self, prefix: str) -> list[str]:
+        def keys() -> list[str]:
+            pages = self._s3().list_objects(self.bucket, prefix)
+            return [info.key for page in pages for info in page.object_info]
+
+        listed: list[str] = await self._call(keys)
+        return listed
+
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["single_put"] = False

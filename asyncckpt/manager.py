@@ -1,0 +1,228 @@
+"""``CheckpointManager``: step directories for a training loop, saved every N steps.
+
+The loop calls ``await mgr.maybe_save(step, state)`` each step. A save runs in the background
+(``staging="host"``: the loop waits only for the copy) and commits its step when every rank's
+object is durable (:mod:`asyncckpt.steps`). With a save still pending, ``when_busy="wait"``
+waits for it and ``"skip"`` skips this step; both are recorded in ``stats``. After a commit,
+rank 0 deletes committed steps beyond ``keep_last`` in the background. At start rank 0 removes
+uncommitted steps of a crashed run, but only those whose recorded owner provably died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal
+
+from . import leftovers, steps
+from .checkpointer import AsyncCheckpointer
+from .collectives import Collectives, get_collectives
+from .errors import ConfigError
+from .monitor import now
+from .sinks import scheme_of
+
+log = logging.getLogger("asyncckpt")
+
+
+@dataclass
+class ManagerStats:
+    """What the manager did, and what it did not do and why."""
+
+    saved: list[int] = field(default_factory=list)  # steps committed
+    skipped: list[int] = field(default_factory=list)  # steps not saved: a save was pending (skip)
+    waited: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds waited for a save)
+    deleted: list[int] = field(default_factory=list)  # old committed steps removed (keep_last)
+    cleaned: list[int] = field(default_factory=list)  # uncommitted steps of dead owners removed
+    left: list[tuple[int, str]] = field(default_factory=list)  # uncommitted steps kept, and why
+    failed: list[tuple[int, str]] = field(default_factory=list)  # saves or deletes that failed
+
+
+def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+class CheckpointManager:
+    """Saves every ``every_n_steps`` steps under ``root``, keeps the last ``keep_last``.
+
+    >>> async with CheckpointManager("/nvme/run", every_n_steps=100, keep_last=3) as mgr:
+    ...     start = (await mgr.restore(into=state) or 0) + 1
+    ...     for step in range(start, steps):
+    ...         train_step()
+    ...         await mgr.maybe_save(step, state)
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        every_n_steps: int = 1,
+        keep_last: int | None = None,
+        max_pending_saves: int = 1,
+        when_busy: Literal["wait", "skip"] = "wait",
+        staging: Literal["host", "none"] = "host",
+        checkpointer: AsyncCheckpointer | None = None,
+        **options: Any,
+    ) -> None:
+        _positive("every_n_steps", every_n_steps)
+        _positive("keep_last", keep_last, allow_none=True)
+        _positive("max_pending_saves", max_pending_saves)
+        if when_busy not in ("wait", "skip"):
+            raise ConfigError(f"when_busy must be 'wait' or 'skip', got {when_busy!r}")
+        if staging not in ("host", "none"):
+            raise ConfigError(f"staging must be 'host' or 'none', got {staging!r}")
+        if checkpointer is not None and options:
+            raise ConfigError("pass either checkpointer= or checkpointer options, not both")
+        self.root = steps.check_root(root)
+        self.every_n_steps, self.keep_last = every_n_steps, keep_last
+        self.max_pending_saves, self.when_busy, self.staging = max_pending_saves, when_busy, staging
+        self._own = checkpointer is None
+        self.ckpt = checkpointer if checkpointer is not None else AsyncCheckpointer(**options)
+        self.stats = ManagerStats()
+        self._coll: Collectives | None = None
+        self._pending: list[asyncio.Task[None]] = []
+        self._deleting: asyncio.Task[None] | None = None
+        self._started = False
+        self.restored: steps.StepLoad | None = None  # what restore() loaded
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        """Join the job's collectives and clean up a crashed run's steps (rank 0); idempotent.
+        ``restore`` and ``maybe_save`` call it."""
+        if self._started:
+            return
+        self._started = True
+        self._coll = get_collectives()
+        if self._coll.world_size > 1 and self.when_busy == "skip":
+            # each rank would judge "busy" by its own timing: they could skip different steps
+            raise ConfigError(
+                f"when_busy='skip' needs one rank; this job has {self._coll.world_size}: use 'wait'"
+            )
+        if self._coll.is_coordinator:
+            await self._clean_uncommitted()
+        await self._coll.barrier()  # no rank writes a step while rank 0 may still be cleaning
+
+    async def wait(self) -> None:
+        """Until every pending save has committed (or failed) and old steps are deleted."""
+        while self._pending:
+            await asyncio.wait(list(self._pending))
+            self._pending = [t for t in self._pending if not t.done()]
+        if self._deleting is not None:
+            await asyncio.wait([self._deleting])
+
+    async def aclose(self) -> None:
+        """Wait for pending saves and deletions, then close the checkpointer if it is ours."""
+        try:
+            await self.wait()
+        finally:
+            if self._coll is not None:
+                self._coll.close()
+            if self._own:
+                await self.ckpt.aclose()
+
+    async def __aenter__(self) -> CheckpointManager:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- the loop's calls --------------------------------------------------------------
+    async def restore(self, into: Mapping[Any, Any] | None = None, *, as_torch: bool = False) -> int | None:
+        """Load the latest committed step (in place with ``into=``); its number, or None."""
+        await self.start()
+        latest = await steps.latest_step(self.ckpt, self.root)
+        if latest is None:
+            return None
+        self.restored = await steps.load_step(
+            self.ckpt, self.root, latest, into=into, as_torch=as_torch, coll=self._coll
+        )
+        return latest
+
+    async def maybe_save(self, step: int, state: Mapping[Any, Any]) -> bool:
+        """Save ``state`` as ``step`` if it is due; True if a save was started."""
+        steps.check_step(step)
+        if step % self.every_n_steps:
+            return False
+        await self.start()
+        self._pending = [t for t in self._pending if not t.done()]
+        if len(self._pending) >= self.max_pending_saves:
+            if self.when_busy == "skip":
+                self.stats.skipped.append(step)
+                return False
+            t0 = now()
+            while len(self._pending) >= self.max_pending_saves:
+                await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
+                self._pending = [t for t in self._pending if not t.done()]
+            self.stats.waited.append((step, now() - t0))
+        assert self._coll is not None
+        previous = self._pending[-1] if self._pending else None
+        commit = await steps.start_step(
+            self.ckpt, self.root, step, state, staging=self.staging, coll=self._coll, after=previous
+        )
+        self._pending.append(asyncio.create_task(self._finish(step, commit)))
+        return True
+
+    # -- background work ---------------------------------------------------------------
+    async def _finish(self, step: int, commit: asyncio.Task[steps.StepCommit]) -> None:
+        try:
+            await commit
+        except Exception as exc:
+            self.stats.failed.append((step, f"save: {exc}"))
+            log.error("checkpoint of step %d failed: %s", step, exc)
+            return
+        self.stats.saved.append(step)
+        assert self._coll is not None
+        if self.keep_last is not None and self._coll.is_coordinator:
+            previous = self._deleting
+            self._deleting = asyncio.create_task(self._prune(step, previous))
+
+    async def _prune(self, just_committed: int, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        assert self.keep_last is not None
+        committed = [
+            s for s in await steps.steps_under(self.ckpt, self.root)
+            if s <= just_committed and await steps.read_commit(self.ckpt, self.root, s) is not None
+        ]  # fmt: skip
+        for old in committed[: -self.keep_last]:
+            if old == just_committed:  # pragma: no cover - keep_last >= 1 keeps it
+                continue
+            try:
+                await steps.delete_step(self.ckpt, self.root, old)
+            except Exception as exc:
+                self.stats.failed.append((old, f"delete: {exc}"))
+                log.warning("could not delete old step %d: %s", old, exc)
+            else:
+                self.stats.deleted.append(old)
+
+    async def _clean_uncommitted(self) -> None:
+        for step in await steps.steps_under(self.ckpt, self.root):
+            if await steps.read_commit(self.ckpt, self.root, step) is not None:
+                continue
+            owner = await steps.owner_of(self.ckpt, self.root, step)
+            if owner is None:
+                self.stats.left.append((step, "owner unrecorded"))
+                continue
+            state = owner.state()
+            if state != "dead":
+                why = "its owner is running" if state == "alive" else f"owner pid {owner.pid} on {owner.host}"
+                self.stats.left.append((step, f"{why}: not provably dead"))
+                continue
+            base = steps.step_uri(self.root, step)
+            if scheme_of(base) != "s3":  # the dead ranks' temporaries, by the owner rule
+                found = await leftovers.find(base)
+                await leftovers.remove(found, base)
+            try:
+                await steps.delete_step(self.ckpt, self.root, step)
+            except Exception as exc:
+                self.stats.left.append((step, f"delete failed: {exc}"))
+            else:
+                self.stats.cleaned.append(step)

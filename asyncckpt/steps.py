@@ -1,0 +1,313 @@
+"""Step directories with a commit: ``<root>/step-<n>/`` is loadable only once committed.
+
+Each rank writes ``rank-<r>-of-<w>.safetensors`` (``save_state``); every rank then reports
+its durable result to all (all-gather), and only after that does rank 0 write
+``COMMITTED.json`` (step, world size, each rank's object, size and identity), last, as one
+atomic object. A step without that record was never complete (a rank died, a save failed):
+loads refuse it and :func:`latest_step` passes over it. ``OWNER.json``, written by rank 0
+when the step starts, names the process that owns the unfinished step (host, boot, pid), so
+a later run can remove it once that owner provably died (:mod:`asyncckpt.owner`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from .collectives import Collectives, get_collectives
+from .errors import ConfigError, IntegrityError, StepNotCommittedError, TargetNotFoundError
+from .owner import Owner, boot_id, host
+from .sinks import path_from_uri, scheme_of
+from .sinks.small import get_bytes, put_bytes
+from .state.results import StagedSave, StateLoadResult, StateSaveResult
+
+if TYPE_CHECKING:
+    from .checkpointer import AsyncCheckpointer
+
+COMMIT = "COMMITTED.json"
+OWNER = "OWNER.json"
+_STEP = re.compile(r"^step-(\d{1,18})$")
+
+
+@dataclass(frozen=True)
+class StepCommit:
+    """The commit record of one step (``COMMITTED.json``)."""
+
+    step: int
+    world_size: int
+    objects: list[str]  # per rank, in rank order
+    sizes: list[int]
+    identities: list[Any]  # ETag or file identity of each published object
+    committed_at: float  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class StepLoad:
+    """This rank's state of a committed step."""
+
+    step: int
+    state: dict[Any, Any]
+    result: StateLoadResult
+
+
+def check_root(root: object) -> str:
+    """``root`` as a URI without a trailing slash; ConfigError before any I/O."""
+    if not isinstance(root, (str, os.PathLike)):
+        raise ConfigError(f"root must be a directory path or s3://bucket/prefix, got {root!r}")
+    text = os.fspath(root).rstrip("/")
+    scheme = scheme_of(text) if text else ""
+    if not text or (scheme == "s3" and "/" not in text[len("s3://") :]):
+        raise ConfigError(f"root {os.fspath(root)!r} must name a directory or an s3://bucket/prefix")
+    if scheme not in ("", "file", "s3"):
+        raise ConfigError(f"step directories live on files or s3://, not {text!r}")
+    if scheme != "s3" and path_from_uri(text).is_file():
+        raise ConfigError(f"root {text!r} is a file, not a directory of steps")
+    return text
+
+
+def check_step(step: object) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ConfigError(f"step must be a non-negative integer, got {step!r}")
+    return step
+
+
+def step_uri(root: str, step: int) -> str:
+    return f"{root}/step-{step}"
+
+
+def rank_object(rank: int, world: int) -> str:
+    return f"rank-{rank}-of-{world}.safetensors"
+
+
+# -- small operations through the checkpointer's handles -----------------------------------
+async def _list(ckpt: AsyncCheckpointer, uri: str) -> list[str]:
+    sink = ckpt._sink(uri)
+    try:
+        return await sink.list_names()
+    finally:
+        await sink.aclose()
+
+
+async def _put(ckpt: AsyncCheckpointer, uri: str, record: Mapping[str, Any]) -> None:
+    sink = ckpt._sink(uri)
+    try:
+        await put_bytes(sink, json.dumps(record, sort_keys=True).encode())
+    finally:
+        await sink.aclose()
+
+
+async def _get(ckpt: AsyncCheckpointer, uri: str) -> dict[str, Any] | None:
+    """The JSON record at ``uri``; None if absent."""
+    sink = ckpt._sink(uri)
+    try:
+        raw = await get_bytes(sink)
+    except TargetNotFoundError:
+        return None
+    finally:
+        await sink.aclose()
+    try:
+        record = json.loads(raw)
+    except ValueError as exc:
+        raise IntegrityError(f"{uri!r} is not a JSON record: {exc}") from None
+    if not isinstance(record, dict):
+        raise IntegrityError(f"{uri!r} is not a JSON object")
+    return record
+
+
+async def _delete(ckpt: AsyncCheckpointer, uri: str) -> None:
+    sink = ckpt._sink(uri)
+    try:
+        await sink.delete()
+    finally:
+        await sink.aclose()
+
+
+async def _make_dir(uri: str) -> None:
+    if scheme_of(uri) != "s3":  # object stores have no directories
+        await asyncio.to_thread(path_from_uri(uri).mkdir, parents=True, exist_ok=True)
+
+
+# -- the public operations -----------------------------------------------------------------
+async def steps_under(ckpt: AsyncCheckpointer, root: str | os.PathLike[str]) -> list[int]:
+    """Every step number with a directory under ``root`` (committed or not), ascending."""
+    names = await _list(ckpt, check_root(root))
+    return sorted(int(m[1]) for m in map(_STEP.match, names) if m)
+
+
+async def read_commit(ckpt: AsyncCheckpointer, root: str | os.PathLike[str], step: int) -> StepCommit | None:
+    """The commit record of ``step``; None if it has none."""
+    uri = f"{step_uri(check_root(root), check_step(step))}/{COMMIT}"
+    record = await _get(ckpt, uri)
+    if record is None:
+        return None
+    try:
+        return StepCommit(**record)
+    except TypeError as exc:
+        raise IntegrityError(f"{uri!r} is not a commit record: {exc}") from None
+
+
+async def latest_step(ckpt: AsyncCheckpointer, root: str | os.PathLike[str]) -> int | None:
+    """The newest committed step under ``root`` (uncommitted ones are passed over), or None."""
+    for step in reversed(await steps_under(ckpt, root)):
+        if await read_commit(ckpt, root, step) is not None:
+            return step
+    return None
+
+
+async def start_step(
+    ckpt: AsyncCheckpointer,
+    root: str | os.PathLike[str],
+    step: int,
+    state: Mapping[Any, Any],
+    *,
+    coll: Collectives,
+    staging: Literal["none", "host"] = "none",
+    after: asyncio.Future[Any] | None = None,
+) -> asyncio.Task[StepCommit]:
+    """Write this rank's object of ``step``; return the task that commits the step.
+
+    Returns once the caller's arrays may change again (``staging="host"``: after the copy;
+    ``"none"``: after this rank's object is durable). Every rank must call it, in step order;
+    ``after`` (the previous step's task) keeps the ranks' collectives in that order.
+    """
+    base = step_uri(check_root(root), check_step(step))
+    await _make_dir(base)
+    if coll.is_coordinator:
+        owner = {"host": host(), "boot": boot_id(), "pid": os.getpid(), "started_at": time.time()}
+        await _put(ckpt, f"{base}/{OWNER}", owner)
+    name = rank_object(coll.rank, coll.world_size)
+    saving: StateSaveResult | StagedSave | Exception
+    try:
+        saving = await ckpt.save_state(f"{base}/{name}", state, staging=staging)
+    except Exception as exc:
+        if coll.world_size == 1:
+            raise
+        saving = exc  # the peers still learn it in the all-gather, instead of waiting forever
+    task = _commit(ckpt, base, step, name, saving, coll, after)
+    return asyncio.create_task(task, name=f"asyncckpt-commit {base}")
+
+
+async def _commit(
+    ckpt: AsyncCheckpointer,
+    base: str,
+    step: int,
+    name: str,
+    saving: StateSaveResult | StagedSave | Exception,
+    coll: Collectives,
+    after: asyncio.Future[Any] | None,
+) -> StepCommit:
+    mine: tuple[str, int, Any] | None = None
+    failure: Exception | None = saving if isinstance(saving, Exception) else None
+    try:
+        saved = await saving if isinstance(saving, StagedSave) else saving
+        if isinstance(saved, StateSaveResult):
+            facts = saved.save.metadata.extra
+            mine = (name, saved.save.size_bytes, facts.get("etag") or facts.get("identity"))
+    except Exception as exc:
+        failure = exc
+    if after is not None:  # the previous step's collectives first, on every rank
+        await asyncio.wait([after])
+    every = await coll.all_gather_object(mine)  # returns only once every rank's object is durable
+    if failure is not None:
+        raise failure
+    failed = [rank for rank, entry in enumerate(every) if entry is None]
+    if failed:  # every rank raises: none waits for a commit that will not come
+        raise StepNotCommittedError(
+            f"step {step} under {base!r} not committed: rank(s) {failed} failed to save"
+        )
+    record = StepCommit(
+        step=step,
+        world_size=coll.world_size,
+        objects=[e[0] for e in every if e],
+        sizes=[e[1] for e in every if e],
+        identities=[e[2] for e in every if e],
+        committed_at=time.time(),
+    )
+    if coll.is_coordinator:
+        await _put(ckpt, f"{base}/{COMMIT}", asdict(record))
+    await coll.barrier()  # no rank reports the step committed before the record is there
+    return record
+
+
+async def save_step(
+    ckpt: AsyncCheckpointer,
+    root: str | os.PathLike[str],
+    step: int,
+    state: Mapping[Any, Any],
+    *,
+    coll: Collectives | None = None,
+) -> StepCommit:
+    """Save this rank's ``state`` as part of ``step`` and return once the step is committed."""
+    if coll is not None:
+        return await (await start_step(ckpt, root, step, state, coll=coll))
+    async with get_collectives() as own:
+        return await (await start_step(ckpt, root, step, state, coll=own))
+
+
+async def load_step(
+    ckpt: AsyncCheckpointer,
+    root: str | os.PathLike[str],
+    step: int | None = None,
+    *,
+    into: Mapping[Any, Any] | None = None,
+    as_torch: bool = False,
+    coll: Collectives | None = None,
+) -> StepLoad:
+    """This rank's state of ``step`` (default: the latest committed one).
+
+    Raises :class:`StepNotCommittedError` naming the step when it has no commit record.
+    """
+    base_root = check_root(root)
+    if step is not None:
+        check_step(step)
+    if coll is None:
+        async with get_collectives() as own:
+            return await load_step(ckpt, base_root, step, into=into, as_torch=as_torch, coll=own)
+    if step is None:
+        step = await latest_step(ckpt, base_root)
+        if step is None:
+            raise StepNotCommittedError(f"no committed step under {base_root!r}")
+    record = await read_commit(ckpt, base_root, step)
+    if record is None:
+        raise StepNotCommittedError(
+            f"step {step} under {base_root!r} is not committed: {step_uri(base_root, step)}/{COMMIT} is "
+            "missing (the save did not finish on every rank); load an earlier step"
+        )
+    if record.world_size != coll.world_size:
+        raise ConfigError(
+            f"step {step} was saved by {record.world_size} ranks; this job has {coll.world_size}"
+        )
+    uri = f"{step_uri(base_root, step)}/{record.objects[coll.rank]}"
+    loaded = await ckpt.load_state(uri, into=into, as_torch=as_torch)
+    return StepLoad(step=step, state=loaded.state, result=loaded)
+
+
+async def delete_step(ckpt: AsyncCheckpointer, root: str | os.PathLike[str], step: int) -> list[str]:
+    """Remove a step: its commit record first (never a committed step with objects missing),
+    then its objects, then (files) the directory. Returns the names removed."""
+    base = step_uri(check_root(root), check_step(step))
+    names = await _list(ckpt, base)
+    ordered = [n for n in names if n == COMMIT] + [n for n in names if n not in (COMMIT, OWNER)]
+    ordered += [n for n in names if n == OWNER]  # the owner last: an interrupted delete stays cleanable
+    for name in ordered:
+        await _delete(ckpt, f"{base}/{name}")
+    if scheme_of(base) != "s3":
+        await _delete(ckpt, base)
+    return ordered
+
+
+async def owner_of(ckpt: AsyncCheckpointer, root: str, step: int) -> Owner | None:
+    """Who started an uncommitted step (its ``OWNER.json``), or None if unrecorded."""
+    record = await _get(ckpt, f"{step_uri(root, step)}/{OWNER}")
+    if record is None:
+        return None
+    try:
+        return Owner(f"step-{step}", str(record["host"]), str(record["boot"]), int(record["pid"]))
+    except (KeyError, TypeError, ValueError):
+        return None

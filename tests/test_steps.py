@@ -1,0 +1,280 @@
+"""Step directories with a commit and the CheckpointManager, on real files, S3 servers and 2 ranks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncckpt import AsyncCheckpointer, CheckpointManager, ConfigError, StepNotCommittedError
+from asyncckpt.owner import boot_id, host
+from asyncckpt.servers.s3endpoint import S3Endpoint
+from asyncckpt.steps import COMMIT, OWNER, latest_step, read_commit, steps_under
+
+from .launch import mpirun, torchrun
+from .s3_harness import CHUNK, new_bucket
+
+MiB = 1 << 20
+
+
+def names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def files_ckpt() -> AsyncCheckpointer:
+    return AsyncCheckpointer(chunk_size=MiB, num_buffers=4)
+
+
+def state_of(step: int) -> dict[str, Any]:
+    return {"model": {"w": np.arange(100_000, dtype=np.float32) + step}, "step": step}
+
+
+# -- listing ---------------------------------------------------------------------------------
+async def test_list_names_of_a_directory(tmp_path: Path) -> None:
+    async with files_ckpt() as c:
+        (tmp_path / "a").mkdir()
+        await c.save(tmp_path / "a" / "x.bin", 4096)
+        await c.save(tmp_path / "b.bin", 4096)
+        (tmp_path / ".b.bin.ackpt~h~00000000~1~00000000.partial").write_bytes(b"")  # a temporary
+        sink = c._sink(str(tmp_path))
+        assert await sink.list_names() == ["a", "b.bin"]
+        await sink.aclose()
+        missing = c._sink(str(tmp_path / "nope"))
+        assert await missing.list_names() == []
+        await missing.aclose()
+        with pytest.raises(ConfigError, match="is a file"):
+            await (c._sink(str(tmp_path / "b.bin"))).list_names()
+
+
+@pytest.mark.parametrize("backend", ["aiobotocore", "minio", "s3dlio", "s3torchconnector", "obstore"])
+async def test_list_names_on_s3(s3_endpoint: S3Endpoint, backend: str) -> None:
+    """Each library's _list primitive (s3dlio and obstore through the writer process)."""
+    bucket = await asyncio.to_thread(new_bucket, s3_endpoint)
+    client = s3_endpoint.client()
+    for key in ("run/step-1/a", "run/step-1/b", "run/step-2/a", "run/top", "runner/x", "other/y"):
+        await asyncio.to_thread(client.put_object, Bucket=bucket, Key=key, Body=b"x")
+    async with AsyncCheckpointer(
+        chunk_size=CHUNK, num_buffers=3, backend=backend, backend_options=s3_endpoint.options()
+    ) as c:
+        for uri, want in [("run", ["step-1", "step-2", "top"]), ("run/step-1", ["a", "b"]), ("none", [])]:
+            sink = c._sink(f"s3://{bucket}/{uri}")
+            try:
+                assert await sink.list_names() == want, (backend, uri)
+            finally:
+                await sink.aclose()
+
+
+# -- steps -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["file", "s3"])
+async def test_step_round_trip_one_rank(tmp_path: Path, s3_endpoint: S3Endpoint, where: str) -> None:
+    if where == "s3":
+        bucket = await asyncio.to_thread(new_bucket, s3_endpoint)
+        root = f"s3://{bucket}/run"
+        ckpt = AsyncCheckpointer(
+            chunk_size=CHUNK, num_buffers=3, backend="aiobotocore", backend_options=s3_endpoint.options()
+        )
+    else:
+        root, ckpt = str(tmp_path / "run"), files_ckpt()
+    async with ckpt as c:
+        assert await c.latest_step(root) is None
+        with pytest.raises(StepNotCommittedError, match="no committed step"):
+            await c.load_step(root)
+        for step in (1, 2):
+            record = await c.save_step(root, step, state_of(step))
+            assert (record.step, record.world_size, record.objects) == (step, 1, ["rank-0-of-1.safetensors"])
+            assert record.sizes[0] > 400_000 and record.identities[0]
+        assert await c.latest_step(root) == 2
+        loaded = await c.load_step(root)
+        assert loaded.step == 2 and loaded.state["step"] == 2 and loaded.result.verified
+        assert np.array_equal(loaded.state["model"]["w"], state_of(2)["model"]["w"])
+        into = state_of(0)
+        again = await c.load_step(root, 1, into=into)
+        assert again.state["model"]["w"] is into["model"]["w"] and into["model"]["w"][0] == 1
+        assert await steps_under(c, root) == [1, 2]
+
+
+async def test_uncommitted_step_is_refused_and_passed_over(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    async with files_ckpt() as c:
+        await c.save_step(root, 1, state_of(1))
+        (root / "step-2").mkdir()  # step 2 as a dead run left it: its object, no commit record
+        await c.save_state(root / "step-2" / "rank-0-of-1.safetensors", state_of(2))
+        assert await latest_step(c, root) == 1
+        assert await read_commit(c, root, 2) is None
+        with pytest.raises(StepNotCommittedError, match=r"step 2 under .* is not committed: .*COMMITTED"):
+            await c.load_step(root, 2)
+        assert (await c.load_step(root)).step == 1
+
+
+async def test_bad_input_is_refused_before_any_io(tmp_path: Path) -> None:
+    a_file = tmp_path / "f"
+    a_file.write_bytes(b"")
+    async with files_ckpt() as c:
+        for step in (-1, True, 1.5, "3"):
+            with pytest.raises(ConfigError, match="step must be a non-negative integer"):
+                await c.save_step(tmp_path / "r", step, state_of(0))  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="is a file, not a directory of steps"):
+            await c.latest_step(a_file)
+        with pytest.raises(ConfigError, match="s3://bucket/prefix"):
+            await c.load_step("s3://bucket")
+        with pytest.raises(ConfigError, match="root must be"):
+            await c.latest_step(3)  # type: ignore[arg-type]
+    assert names(tmp_path) == ["f"]  # nothing was written
+
+
+def check_two_rank_step(root: Path) -> None:
+    for rank in (0, 1):
+        loaded = json.loads((root / f"loaded-{rank}.json").read_text())
+        assert loaded == {"step": 1, "rank": rank, "equal": True}
+    record = json.loads((root / "step-1" / COMMIT).read_text())
+    assert record["world_size"] == 2
+    assert record["objects"] == ["rank-0-of-2.safetensors", "rank-1-of-2.safetensors"]
+
+
+@pytest.mark.mpi
+def test_two_ranks_under_mpirun(tmp_path: Path) -> None:
+    proc = mpirun("tests.steps_child", str(tmp_path), "ok")
+    assert proc.returncode == 0, proc.stderr
+    check_two_rank_step(tmp_path)
+
+
+@pytest.mark.torchrun
+def test_two_ranks_under_torchrun(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    proc = torchrun("tests.steps_child", str(tmp_path), "ok", "torch")
+    assert proc.returncode == 0, proc.stderr
+    check_two_rank_step(tmp_path)
+
+
+@pytest.mark.mpi
+async def test_a_rank_whose_save_fails_fails_the_step_on_every_rank(tmp_path: Path) -> None:
+    proc = await asyncio.to_thread(mpirun, "tests.steps_child", str(tmp_path), "fail")
+    assert proc.returncode == 0, proc.stderr  # nobody hung in the all-gather
+    assert (tmp_path / "error-1.txt").read_text().startswith("ConfigError")
+    assert (tmp_path / "error-0.txt").read_text().startswith(
+        "StepNotCommittedError: step 2 under"
+    ) and "rank(s) [1] failed to save" in (tmp_path / "error-0.txt").read_text()
+    assert not (tmp_path / "step-2" / COMMIT).exists() and (tmp_path / "step-1" / COMMIT).exists()
+
+
+@pytest.mark.mpi
+async def test_a_rank_killed_mid_step_leaves_the_previous_step_loadable(tmp_path: Path) -> None:
+    proc = await asyncio.to_thread(mpirun, "tests.steps_child", str(tmp_path), "crash")
+    assert proc.returncode != 0  # rank 1 was SIGKILLed, the launcher tore rank 0 down
+    step2 = tmp_path / "step-2"
+    assert (step2 / OWNER).exists() and not (step2 / COMMIT).exists()
+    async with files_ckpt() as c:
+        assert await c.latest_step(tmp_path) == 1
+        with pytest.raises(StepNotCommittedError, match="step 2"):
+            await c.load_step(tmp_path, 2)
+        with pytest.raises(ConfigError, match="saved by 2 ranks; this job has 1"):
+            await c.load_step(tmp_path)  # committed, but by a world of two
+    # the next run's manager removes step 2: its owner (rank 0's pid on this host) is dead
+    async with CheckpointManager(tmp_path, chunk_size=MiB, num_buffers=4) as mgr:
+        await mgr.start()
+    assert mgr.stats.cleaned == [2] and mgr.stats.left == [], mgr.stats
+    assert names(tmp_path) == ["step-1"]
+
+
+# -- the manager -----------------------------------------------------------------------------
+class GatedCheckpointer(AsyncCheckpointer):
+    """A real checkpointer whose writes start only once ``gate`` is set: a deliberately slow save."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.gate = asyncio.Event()
+
+    async def save(self, *args: Any, **kwargs: Any) -> Any:
+        await self.gate.wait()
+        return await super().save(*args, **kwargs)
+
+
+async def test_manager_saves_every_n_keeps_last_and_restores(tmp_path: Path) -> None:
+    options: dict[str, Any] = {"chunk_size": MiB, "num_buffers": 4}
+    async with CheckpointManager(tmp_path, every_n_steps=3, keep_last=2, **options) as mgr:
+        assert await mgr.restore() is None
+        started = [step for step in range(1, 13) if await mgr.maybe_save(step, state_of(step))]
+        await mgr.wait()
+    assert started == [3, 6, 9, 12] and mgr.stats.saved == [3, 6, 9, 12]
+    assert mgr.stats.deleted == [3, 6]  # in the background, after 9 and 12 committed
+    assert names(tmp_path) == ["step-12", "step-9"]
+    into = state_of(0)
+    async with CheckpointManager(tmp_path, every_n_steps=3, chunk_size=MiB, num_buffers=4) as again:
+        assert await again.restore(into=into) == 12
+    assert into["model"]["w"][0] == 12 and again.restored is not None and again.restored.state["step"] == 12
+
+
+async def test_manager_on_s3_keeps_last_and_restores(s3_endpoint: S3Endpoint) -> None:
+    bucket = await asyncio.to_thread(new_bucket, s3_endpoint)
+    root = f"s3://{bucket}/run"
+    options: dict[str, Any] = {"chunk_size": CHUNK, "num_buffers": 3, "backend": "aiobotocore"}
+    options["backend_options"] = s3_endpoint.options()
+    async with CheckpointManager(root, keep_last=1, **options) as mgr:
+        for step in (1, 2, 3):
+            await mgr.maybe_save(step, state_of(step))
+    assert mgr.stats.saved == [1, 2, 3] and mgr.stats.deleted == [1, 2]
+    listed = await asyncio.to_thread(s3_endpoint.client().list_objects_v2, Bucket=bucket)
+    keys = sorted(o["Key"] for o in listed["Contents"])
+    assert keys == [
+        "run/step-3/COMMITTED.json",
+        "run/step-3/OWNER.json",
+        "run/step-3/rank-0-of-1.safetensors",
+    ]
+    async with CheckpointManager(root, **options) as again:
+        assert await again.restore() == 3 and again.restored is not None
+    assert np.array_equal(again.restored.state["model"]["w"], state_of(3)["model"]["w"])
+
+
+async def test_manager_when_busy_skip_records_the_skipped_step(tmp_path: Path) -> None:
+    ckpt = GatedCheckpointer(chunk_size=MiB, num_buffers=4)
+    async with ckpt, CheckpointManager(tmp_path, when_busy="skip", checkpointer=ckpt) as mgr:
+        assert await mgr.maybe_save(1, state_of(1))  # staged; its write waits at the gate
+        assert not await mgr.maybe_save(2, state_of(2))  # still pending: skipped
+        ckpt.gate.set()
+        await mgr.wait()
+        assert await mgr.maybe_save(3, state_of(3))
+    assert mgr.stats.saved == [1, 3] and mgr.stats.skipped == [2] and mgr.stats.waited == []
+
+
+async def test_manager_when_busy_wait_waits_for_the_pending_save(tmp_path: Path) -> None:
+    ckpt = GatedCheckpointer(chunk_size=MiB, num_buffers=4)
+    async with ckpt, CheckpointManager(tmp_path, when_busy="wait", checkpointer=ckpt) as mgr:
+        await mgr.maybe_save(1, state_of(1))
+        second = asyncio.create_task(mgr.maybe_save(2, state_of(2)))
+        for _ in range(20):  # let it run as far as it can: it must be waiting for step 1
+            await asyncio.sleep(0)
+        assert not second.done() and mgr.stats.saved == []
+        ckpt.gate.set()
+        assert await second
+    assert mgr.stats.saved == [1, 2] and mgr.stats.skipped == []
+    assert [step for step, _ in mgr.stats.waited] == [2] and mgr.stats.waited[0][1] > 0
+
+
+async def test_manager_leaves_an_uncommitted_step_whose_owner_may_live(tmp_path: Path) -> None:
+    step = tmp_path / "step-5"
+    step.mkdir()
+    (step / OWNER).write_text(json.dumps({"host": host(), "boot": boot_id(), "pid": os.getpid()}))
+    (tmp_path / "step-6").mkdir()  # no owner recorded
+    async with CheckpointManager(tmp_path, chunk_size=MiB, num_buffers=4) as mgr:
+        assert await mgr.restore() is None
+    assert mgr.stats.cleaned == []
+    assert [s for s, _ in mgr.stats.left] == [5, 6]
+    assert "running" in mgr.stats.left[0][1] and "unrecorded" in mgr.stats.left[1][1]
+    assert (step / OWNER).exists()
+
+
+def test_manager_refuses_bad_settings(tmp_path: Path) -> None:
+    for kwargs, match in [
+        ({"every_n_steps": 0}, "every_n_steps"),
+        ({"keep_last": 0}, "keep_last"),
+        ({"when_busy": "drop"}, "when_busy"),
+        ({"staging": "gpu"}, "staging"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            CheckpointManager(tmp_path, **kwargs)
+    assert names(tmp_path) == []  # nothing written
