@@ -94,7 +94,8 @@ async def _list(ckpt: AsyncCheckpointer, uri: str) -> list[str]:
         await sink.aclose()
 
 
-async def _put(ckpt: AsyncCheckpointer, uri: str, record: Mapping[str, Any]) -> None:
+async def put_record(ckpt: AsyncCheckpointer, uri: str, record: Mapping[str, Any]) -> None:
+    """Publish a small JSON record at ``uri`` atomically (the backend's one commit)."""
     sink = ckpt._sink(uri)
     try:
         await put_bytes(sink, json.dumps(record, sort_keys=True).encode())
@@ -102,7 +103,7 @@ async def _put(ckpt: AsyncCheckpointer, uri: str, record: Mapping[str, Any]) -> 
         await sink.aclose()
 
 
-async def _get(ckpt: AsyncCheckpointer, uri: str) -> dict[str, Any] | None:
+async def get_record(ckpt: AsyncCheckpointer, uri: str) -> dict[str, Any] | None:
     """The JSON record at ``uri``; None if absent."""
     sink = ckpt._sink(uri)
     try:
@@ -143,7 +144,7 @@ async def steps_under(ckpt: AsyncCheckpointer, root: str | os.PathLike[str]) -> 
 async def read_commit(ckpt: AsyncCheckpointer, root: str | os.PathLike[str], step: int) -> StepCommit | None:
     """The commit record of ``step``; None if it has none."""
     uri = f"{step_uri(check_root(root), check_step(step))}/{COMMIT}"
-    record = await _get(ckpt, uri)
+    record = await get_record(ckpt, uri)
     if record is None:
         return None
     try:
@@ -180,7 +181,7 @@ async def start_step(
     await _make_dir(base)
     if coll.is_coordinator:
         owner = {"host": host(), "boot": boot_id(), "pid": os.getpid(), "started_at": time.time()}
-        await _put(ckpt, f"{base}/{OWNER}", owner)
+        await put_record(ckpt, f"{base}/{OWNER}", owner)
     name = rank_object(coll.rank, coll.world_size)
     saving: StateSaveResult | StagedSave | Exception
     try:
@@ -230,7 +231,7 @@ async def _commit(
         committed_at=time.time(),
     )
     if coll.is_coordinator:
-        await _put(ckpt, f"{base}/{COMMIT}", asdict(record))
+        await put_record(ckpt, f"{base}/{COMMIT}", asdict(record))
     await coll.barrier()  # no rank reports the step committed before the record is there
     return record
 
@@ -304,7 +305,7 @@ async def delete_step(ckpt: AsyncCheckpointer, root: str | os.PathLike[str], ste
 
 async def owner_of(ckpt: AsyncCheckpointer, root: str, step: int) -> Owner | None:
     """Who started an uncommitted step (its ``OWNER.json``), or None if unrecorded."""
-    record = await _get(ckpt, f"{step_uri(root, step)}/{OWNER}")
+    record = await get_record(ckpt, f"{step_uri(root, step)}/{OWNER}")
     if record is None:
         return None
     try:

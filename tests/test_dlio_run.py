@@ -6,14 +6,18 @@ import json
 import shutil
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from asyncckpt.bench.cli import main
 from asyncckpt.bench.dlio import load_workload
 from asyncckpt.bench.dlio_layout import DLIO_GB, plan_checkpoint
+from asyncckpt.servers.s3endpoint import S3Endpoint
+from asyncckpt.steps import COMMIT
 
 from .conftest import checkpoint_data
+from .s3_harness import new_bucket
 from .test_mpi import mpirun
 
 SHAPE = """\
@@ -47,12 +51,17 @@ def write_config(tmp_path: Path, **kw: object) -> Path:
 
 def data_files(root: Path) -> dict[str, int]:
     """Every checkpoint object under ``root``: relative name → bytes of data (the sealed
-    manifest at each object's end is not data)."""
+    manifest at each object's end is not data; commit records are listed by :func:`commits`)."""
     return {
         str(p.relative_to(root)): len(checkpoint_data(p.read_bytes()))
         for p in root.rglob("*")
-        if p.is_file() and not p.name.endswith(".manifest.json")
+        if p.is_file() and not p.name.endswith(".manifest.json") and p.name != COMMIT
     }
+
+
+def commits(root: Path) -> dict[str, dict[str, Any]]:
+    """Each step directory's commit record, by directory name."""
+    return {p.parent.name: json.loads(p.read_text()) for p in root.rglob(COMMIT)}
 
 
 def test_single_process_run_honours_the_rules_and_writes_summary_json(
@@ -73,6 +82,13 @@ def test_single_process_run_honours_the_rules_and_writes_summary_json(
     plan = plan_checkpoint(model, 1)
     expect = {f"global_epoch1_step{s}/{o.name}": o.size for s in (1, 2) for o in plan.rank_plans[0].objects}
     assert data_files(folder) == expect
+    records = commits(folder)
+    assert sorted(records) == ["global_epoch1_step1", "global_epoch1_step2"]
+    for step, record in records.items():  # written after every rank's objects, one per step
+        assert record["world_size"] == 1 and record["written_by"] == "asyncckpt"
+        assert {f"{step}/{n}": b for n, b in zip(record["objects"][0], record["sizes"][0], strict=True)} == {
+            k: v for k, v in expect.items() if k.startswith(step + "/")
+        }
     summary = json.loads((results / "summary.json").read_text())
     assert set(summary) >= {"start", "end", "num_accelerators", "num_hosts", "host_memory_GB",
                             "host_cpu_count", "workload", "metric"}  # fmt: skip
@@ -115,7 +131,19 @@ def test_overrides_change_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[st
         "workload.checkpoint.num_checkpoints_write": "1",
         "workload.checkpoint.num_checkpoints_read": "1",
     }
-    assert not any(folder.rglob("*.pt"))  # without --keep the run removes what it wrote
+    assert not any(folder.rglob("*.pt")) and not any(folder.rglob(COMMIT))  # it removes what it wrote
+
+
+def test_a_step_without_its_commit_record_is_not_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that died mid-step leaves objects but no record: a read-only run refuses them."""
+    folder = tmp_path / "ckpt"
+    cfg = write_config(tmp_path, folder=folder, writes=1, reads=1)
+    assert main(["--config", str(cfg), "--chunk-size", "1MiB", "--keep", "--mode", "save", "-q"]) == 0
+    (folder / "global_epoch1_step1" / COMMIT).unlink()  # as if rank 0 died before committing
+    assert main(["--config", str(cfg), "--chunk-size", "1MiB", "--keep", "--mode", "load", "-q"]) != 0
+    assert "no commit record" in capsys.readouterr().err
 
 
 def test_uniform_config_takes_its_checkpoint_folder_as_a_folder(tmp_path: Path) -> None:
@@ -142,6 +170,10 @@ def test_mpirun_4_ranks_tensor2_pipeline2_zero1_write_exactly_the_planned_object
     expect = {f"global_epoch1_step1/{o.name}": o.size for rp in plan.rank_plans for o in rp.objects}
     assert any(name.split("/")[1].startswith("layer_") for name in expect)  # per-layer files appear
     assert data_files(folder) == expect
+    (record,) = commits(folder).values()  # the commit record, listed apart from the data
+    assert record["world_size"] == 4 and [sum(s) for s in record["sizes"]] == [
+        rp.nbytes for rp in plan.rank_plans
+    ]
     manifests = sorted(p.name for p in folder.rglob("*.manifest.json"))
     assert len(manifests) in (0, len(expect))  # sidecars, when this build still writes them
     report = json.loads(out.read_text())
@@ -152,3 +184,28 @@ def test_mpirun_4_ranks_tensor2_pipeline2_zero1_write_exactly_the_planned_object
     assert [r["size_bytes"] for r in c["per_rank"]] == [rp.nbytes for rp in plan.rank_plans]
     assert report["plan"]["imbalance"] == pytest.approx(plan.imbalance)
     assert proc.stdout.count("DLIO workload tiny") == 1  # only rank 0 reports
+
+
+@pytest.mark.realstore
+@pytest.mark.mpi
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not found: run tests/setup_system.sh")
+def test_mpirun_2_ranks_on_swift_write_the_planned_objects_and_a_commit_record(
+    tmp_path: Path, swift_endpoint: S3Endpoint
+) -> None:
+    bucket = new_bucket(swift_endpoint)
+    cfg = write_config(tmp_path, folder=f"s3://{bucket}/run", tp=2, pp=1, zero=1, writes=1, reads=1)
+    env = {**swift_endpoint.env(), "AWS_EC2_METADATA_DISABLED": "true"}
+    proc = mpirun("--config", str(cfg), "--chunk-size", "5MiB", "--num-buffers", "2", "--keep",
+                  "--backend", "aiobotocore", "-q", np=2, timeout=120, env_extra=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    model = load_workload(cfg).model
+    assert model is not None
+    plan = plan_checkpoint(model, 2)
+    client = swift_endpoint.client()
+    keys = {o["Key"]: o["Size"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
+    step = "run/global_epoch1_step1/"
+    expect = {step + o.name for rp in plan.rank_plans for o in rp.objects}
+    assert set(keys) - {step + COMMIT} == expect  # exactly the planned objects, then the record
+    record = json.loads(client.get_object(Bucket=bucket, Key=step + COMMIT)["Body"].read())
+    assert record["world_size"] == 2 and record["written_by"] == "asyncckpt"
+    assert [sum(s) for s in record["sizes"]] == [rp.nbytes for rp in plan.rank_plans]

@@ -22,6 +22,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from datetime import datetime
@@ -31,11 +32,12 @@ from typing import Any
 from ..aggregate import aggregate_checkpoint, summarize
 from ..checkpointer import AsyncCheckpointer
 from ..distributed import Comm
-from ..errors import ConfigError, MissingDependencyError, TargetNotFoundError
+from ..errors import ConfigError, MissingDependencyError, StepNotCommittedError, TargetNotFoundError
 from ..monitor import now
 from ..report import RULE, format_table, gbps
 from ..results import Result
 from ..sinks import path_from_uri, scheme_of
+from ..steps import COMMIT, get_record
 from .dlio_layout import DLIO_GB, CheckpointPlan, PlannedObject, RankPlan, scaled, step_directory
 from .dlio_plan import format_plan, make_plan, plan_ranks, subset_note
 from .guard import Writes
@@ -48,7 +50,12 @@ Runner = Callable[[str, Callable[[], Coroutine[Any, Any, Any]]], Any]
 
 
 def object_uri(base: str, step: int, obj: PlannedObject) -> str:
-    rel = f"{step_directory(1, step)}/{obj.name}"
+    return in_step(base, step, obj.name)
+
+
+def in_step(base: str, step: int, name: str) -> str:
+    """``name`` in the step's directory (or S3 prefix) under ``base``."""
+    rel = f"{step_directory(1, step)}/{name}"
     return base.rstrip("/") + "/" + rel if scheme_of(base) else os.path.join(base, rel)
 
 
@@ -100,6 +107,8 @@ async def _phase(
         try:
             kinds: dict[str, dict[str, float]] = {}
             counts: dict[str, int] = {}
+            if phase == "load":
+                await _require_commit(ck, base, i)
             for obj in mine.objects:
                 uri = object_uri(base, i, obj)
                 r: Result
@@ -123,6 +132,8 @@ async def _phase(
             outcome = {
                 "ok": True,
                 "result": {
+                    "names": [obj.name for obj in mine.objects],
+                    "object_bytes": [obj.size for obj in mine.objects],
                     "size_bytes": nbytes,
                     "wall_s": wall,
                     "objects": len(mine.objects),
@@ -135,6 +146,8 @@ async def _phase(
         except Exception as exc:
             outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         gathered, phase_wall = await settle(comm, outcome, t0, f"{phase} {i}/{count}")
+        if gathered is not None and phase == "save":  # every rank's objects are durable now
+            await _commit_step(writes, base, i, [o["result"] for o in gathered])
         if gathered is not None:
             results = [o["result"] for o in gathered]
             agg = aggregate_checkpoint(results, phase_wall)
@@ -145,6 +158,31 @@ async def _phase(
             agg["throughput_dlio_gb_per_s"] = agg["throughput_bps"] / DLIO_GB
             out.append(agg)
     return out
+
+
+async def _commit_step(writes: Writes, base: str, step: int, results: list[dict[str, Any]]) -> None:
+    """The step's commit record, written by rank 0 after every rank's objects are durable (the
+    same record and rule as ``asyncckpt.steps``): a reader tells a complete DLIO step from the
+    leftovers of a run that died mid-step. Written after the timed phase: DLIO has no such
+    object, so it is not part of the score."""
+    record = {
+        "step": step,
+        "world_size": len(results),
+        "objects": [r["names"] for r in results],  # per rank, relative to the step directory
+        "sizes": [r["object_bytes"] for r in results],
+        "committed_at": time.time(),
+    }
+    await writes.put_record(in_step(base, step, COMMIT), record)
+
+
+async def _require_commit(ck: AsyncCheckpointer, base: str, step: int) -> None:
+    """Read only a step every rank finished: its commit record is there."""
+    uri = in_step(base, step, COMMIT)
+    if await get_record(ck, uri) is None:
+        raise StepNotCommittedError(
+            f"{step_directory(1, step)} under {base!r} has no commit record ({uri}): "
+            "a run that wrote it did not finish every rank's objects; save it again first"
+        )
 
 
 def _kind_max(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

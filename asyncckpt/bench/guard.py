@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import steps
 from ..checkpointer import AsyncCheckpointer
-from ..errors import TargetExistsError
+from ..errors import IntegrityError, TargetExistsError
 from ..results import SaveResult
+
+WRITTEN_BY = "asyncckpt"  # marks the bench's records, so a re-run may replace them
 
 
 class Writes:
@@ -42,6 +45,23 @@ class Writes:
         if uri not in self.created:
             self.created.append(uri)
         return result
+
+    async def put_record(self, uri: str, record: dict[str, Any]) -> None:
+        """Publish a small JSON record (a step's commit record) the run will also remove; one
+        that exists is replaced only if an asyncckpt run wrote it (``written_by``)."""
+        if uri not in self.created and not self.overwrite:
+            try:
+                existing = await steps.get_record(self.ckpt, uri)
+            except IntegrityError:
+                existing = {}
+            if existing is not None and existing.get("written_by") != WRITTEN_BY:
+                raise TargetExistsError(
+                    f"{uri!r} exists and is not a record asyncckpt wrote: refusing to overwrite (and later "
+                    "delete) it; choose another target, or pass --overwrite to replace it"
+                )
+        await steps.put_record(self.ckpt, uri, {**record, "written_by": WRITTEN_BY})
+        if uri not in self.created:
+            self.created.append(uri)  # removed first (the list is popped): never committed alone
 
     async def remove_created(self) -> None:
         """Delete what this run's saves published (``--keep`` skips this)."""
