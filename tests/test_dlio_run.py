@@ -189,23 +189,24 @@ def test_mpirun_4_ranks_tensor2_pipeline2_zero1_write_exactly_the_planned_object
 @pytest.mark.realstore
 @pytest.mark.mpi
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not found: run tests/setup_system.sh")
-def test_mpirun_2_ranks_on_swift_write_the_planned_objects_and_a_commit_record(
+def test_mpirun_4_ranks_on_swift_write_the_planned_objects_and_a_commit_record(
     tmp_path: Path, swift_endpoint: S3Endpoint
 ) -> None:
     bucket = new_bucket(swift_endpoint)
-    cfg = write_config(tmp_path, folder=f"s3://{bucket}/run", tp=2, pp=1, zero=1, writes=1, reads=1)
+    cfg = write_config(tmp_path, folder=f"s3://{bucket}/run", tp=2, pp=2, zero=1, writes=1, reads=1)
     env = {**swift_endpoint.env(), "AWS_EC2_METADATA_DISABLED": "true"}
     proc = mpirun("--config", str(cfg), "--chunk-size", "5MiB", "--num-buffers", "2", "--keep",
-                  "--backend", "aiobotocore", "-q", np=2, timeout=120, env_extra=env)  # fmt: skip
+                  "--backend", "aiobotocore", "-q", np=4, timeout=120, env_extra=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     model = load_workload(cfg).model
     assert model is not None
-    plan = plan_checkpoint(model, 2)
+    plan = plan_checkpoint(model, 4)
     client = swift_endpoint.client()
     keys = {o["Key"]: o["Size"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
     step = "run/global_epoch1_step1/"
     expect = {step + o.name for rp in plan.rank_plans for o in rp.objects}
     assert set(keys) - {step + COMMIT} == expect  # exactly the planned objects, then the record
     record = json.loads(client.get_object(Bucket=bucket, Key=step + COMMIT)["Body"].read())
-    assert record["world_size"] == 2 and record["written_by"] == "asyncckpt"
+    assert any(k.split("/")[-1].startswith("layer_") for k in expect)  # per-layer objects appear
+    assert record["world_size"] == 4 and record["written_by"] == "asyncckpt"
     assert [sum(s) for s in record["sizes"]] == [rp.nbytes for rp in plan.rank_plans]
