@@ -16,12 +16,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
-from . import leftovers, steps
+from . import leftovers, modes, steps
 from .checkpointer import AsyncCheckpointer
 from .collectives import Collectives, get_collectives
 from .errors import ConfigError
+from .modes import StagingMode, WhenBusy
 from .monitor import now
 from .sinks import scheme_of
 
@@ -65,18 +66,16 @@ class CheckpointManager:
         every_n_steps: int = 1,
         keep_last: int | None = None,
         max_pending_saves: int = 1,
-        when_busy: Literal["wait", "skip"] = "wait",
-        staging: Literal["host", "none"] = "host",
+        when_busy: WhenBusy = "wait",
+        staging: StagingMode = "host",
         checkpointer: AsyncCheckpointer | None = None,
         **options: Any,
     ) -> None:
         _positive("every_n_steps", every_n_steps)
         _positive("keep_last", keep_last, allow_none=True)
         _positive("max_pending_saves", max_pending_saves)
-        if when_busy not in ("wait", "skip"):
-            raise ConfigError(f"when_busy must be 'wait' or 'skip', got {when_busy!r}")
-        if staging not in ("host", "none"):
-            raise ConfigError(f"staging must be 'host' or 'none', got {staging!r}")
+        when_busy = modes.parse("when_busy", when_busy, WhenBusy, fold=False)
+        staging = modes.parse("staging", staging, StagingMode, fold=False)
         if checkpointer is not None and options:
             raise ConfigError("pass either checkpointer= or checkpointer options, not both")
         self.root = steps.check_root(root)

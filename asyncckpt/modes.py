@@ -26,6 +26,8 @@ LoadBalanceStrategy = Literal["round_robin", "least_connections", "rank"]
 ChecksumMode = Literal["when_required", "when_supported"]
 #: ``save_state(staging=...)``: copy arrays to host memory first and return early, or not
 StagingMode = Literal["none", "host"]
+#: what CheckpointManager.maybe_save does while an earlier save is still being written
+WhenBusy = Literal["wait", "skip"]
 #: what a load checks (``load(verify=...)``; True is "checksum", False is "none")
 VerifyMode = Literal["checksum", "regenerate", "none"]
 #: how a save gets its buffers: the reused pool, or one buffer of the whole checkpoint

@@ -18,10 +18,11 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from .collectives import Collectives, get_collectives
 from .errors import ConfigError, IntegrityError, StepNotCommittedError, TargetNotFoundError
+from .modes import StagingMode
 from .owner import Owner, boot_id, host
 from .sinks import path_from_uri, scheme_of
 from .sinks.small import get_bytes, put_bytes
@@ -168,7 +169,7 @@ async def start_step(
     state: Mapping[Any, Any],
     *,
     coll: Collectives,
-    staging: Literal["none", "host"] = "none",
+    staging: StagingMode = "none",
     after: asyncio.Future[Any] | None = None,
 ) -> asyncio.Task[StepCommit]:
     """Write this rank's object of ``step``; return the task that commits the step.
