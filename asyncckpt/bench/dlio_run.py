@@ -107,7 +107,7 @@ async def _phase(
         try:
             kinds: dict[str, dict[str, float]] = {}
             counts: dict[str, int] = {}
-            if phase == "load":
+            if phase == "load" and keeps_records(base):
                 await _require_commit(ck, base, i)
             for obj in mine.objects:
                 uri = object_uri(base, i, obj)
@@ -146,7 +146,7 @@ async def _phase(
         except Exception as exc:
             outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         gathered, phase_wall = await settle(comm, outcome, t0, f"{phase} {i}/{count}")
-        if gathered is not None and phase == "save":  # every rank's objects are durable now
+        if gathered is not None and phase == "save" and keeps_records(base):  # all ranks durable now
             await _commit_step(writes, base, i, [o["result"] for o in gathered])
         if gathered is not None:
             results = [o["result"] for o in gathered]
@@ -173,6 +173,11 @@ async def _commit_step(writes: Writes, base: str, step: int, results: list[dict[
         "committed_at": time.time(),
     }
     await writes.put_record(in_step(base, step, COMMIT), record)
+
+
+def keeps_records(base: str) -> bool:
+    """null:// stores nothing: it has no step to commit or to read back."""
+    return scheme_of(base) != "null"
 
 
 async def _require_commit(ck: AsyncCheckpointer, base: str, step: int) -> None:
