@@ -33,17 +33,13 @@ class Writes:
         if uri in self._checked:
             return
         if not self.overwrite and await self.ckpt.probe(uri) == "foreign":
-            raise TargetExistsError(
-                f"{uri!r} exists and is not an asyncckpt checkpoint: refusing to overwrite (and later "
-                "delete) it; choose another target, or pass --overwrite to replace it"
-            )
+            raise _refusal(uri, "an asyncckpt checkpoint")
         self._checked.add(uri)
 
     async def save(self, uri: str, size: int, **options: Any) -> SaveResult:
         await self.check(uri)
         result = await self.ckpt.save(uri, size, **options)
-        if uri not in self.created:
-            self.created.append(uri)
+        self._published(uri)
         return result
 
     async def put_record(self, uri: str, record: dict[str, Any]) -> None:
@@ -55,15 +51,22 @@ class Writes:
             except IntegrityError:
                 existing = {}
             if existing is not None and existing.get("written_by") != WRITTEN_BY:
-                raise TargetExistsError(
-                    f"{uri!r} exists and is not a record asyncckpt wrote: refusing to overwrite (and later "
-                    "delete) it; choose another target, or pass --overwrite to replace it"
-                )
+                raise _refusal(uri, "a record asyncckpt wrote")
         await steps.put_record(self.ckpt, uri, {**record, "written_by": WRITTEN_BY})
+        self._published(uri)  # after its step's objects: removed first (the list is popped)
+
+    def _published(self, uri: str) -> None:
         if uri not in self.created:
-            self.created.append(uri)  # removed first (the list is popped): never committed alone
+            self.created.append(uri)
 
     async def remove_created(self) -> None:
         """Delete what this run's saves published (``--keep`` skips this)."""
         while self.created:
             await self.ckpt.delete(self.created.pop())
+
+
+def _refusal(uri: str, what: str) -> TargetExistsError:
+    return TargetExistsError(
+        f"{uri!r} exists and is not {what}: refusing to overwrite (and later delete) it; "
+        "choose another target, or pass --overwrite to replace it"
+    )
