@@ -44,8 +44,20 @@ class TcpProxy:
     refused connections while the server behind (and what it stored) stays inspectable.
     """
 
-    def __init__(self, target: str, *, drop_first: int = 0, stall_after: int | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        drop_first: int = 0,
+        stall_after: int | None = None,
+        cut_after: int | None = None,
+    ) -> None:
         """``drop_first``: close that many accepted connections at once (transient faults).
+
+        ``cut_after``: once that many request bytes went to the server, the relay severs
+        itself (:meth:`sever`) from the relaying thread, before forwarding more: an outage
+        that lands at a byte count, whatever the client's timing (a cut triggered by the
+        client's own progress report could come after a fast upload had already ended).
 
         ``stall_after``: once that many request bytes went to the server, nothing more moves
         either way on any connection, old or new, and nothing is closed: the server looks
@@ -53,6 +65,7 @@ class TcpProxy:
         """
         self.drop_first = drop_first
         self.stall_after = stall_after
+        self.cut_after = cut_after
         self.sent = 0  # request bytes forwarded to the server
         self.stalled = threading.Event()
         self._cut = threading.Event()
@@ -86,6 +99,16 @@ class TcpProxy:
     def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
         with contextlib.suppress(OSError):
             while data := src.recv(1 << 16):
+                if upstream and self.cut_after is not None:
+                    with self._lock:
+                        room = self.cut_after - self.sent
+                        self.sent += min(max(room, 0), len(data))
+                    if room > 0:
+                        dst.sendall(data[:room])
+                    if room <= len(data):
+                        self.sever()
+                        return
+                    continue
                 if upstream and self.stall_after is not None and not self.stalled.is_set():
                     with self._lock:
                         room = self.stall_after - self.sent
