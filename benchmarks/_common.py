@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 from collections.abc import Sequence
@@ -37,3 +38,40 @@ def _fmt(value: Any) -> str:
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
+
+
+def bootstrap_ci(
+    values: Sequence[float], *, level: float = 0.95, resamples: int = 10_000
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the median (seeded: the same figures give the same
+    interval). Few pairs give a wide interval, which is the point: it must clear the target."""
+    rng = random.Random(0)
+    n = len(values)
+    medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
+    tail = (1.0 - level) / 2
+    return medians[int(tail * resamples)], medians[min(resamples - 1, int((1.0 - tail) * resamples))]
+
+
+def ratio_verdict(ratios: Sequence[float], target: float, *, at_most: bool = False) -> dict[str, Any]:
+    """Median ratio, its 95 % bootstrap interval, and the verdict the docs report: "met" only
+    when the whole interval is on the right side of the target, "not met" when the whole
+    interval is on the wrong side, else "not demonstrated" (the interval straddles it)."""
+    if len(ratios) < 5:
+        raise ValueError(f"{len(ratios)} pairs: a verdict needs at least 5 alternating pairs")
+    low, high = bootstrap_ci(ratios)
+    good = (lambda x: x <= target) if at_most else (lambda x: x >= target)
+    verdict = (
+        "met"
+        if good(low) and good(high)
+        else "not met"
+        if not good(low) and not good(high)
+        else "not demonstrated"
+    )
+    return {
+        "pairs": len(ratios),
+        "ratios": [round(r, 4) for r in ratios],
+        "median_ratio": round(statistics.median(ratios), 4),
+        "ci95": [round(low, 4), round(high, 4)],
+        "target": ("<= " if at_most else ">= ") + str(target),
+        "verdict": verdict,
+    }
