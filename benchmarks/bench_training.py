@@ -17,6 +17,7 @@ A ``memcpy`` child times one copy of the whole state into preallocated tensors: 
 a staging copy. Methods alternate within each repeat; medians over repeats are reported.
 
     python benchmarks/bench_training.py [--state-size 256MiB] [--repeats 3] [--dir /var/tmp]
+        [--train-threads N]
 """
 
 from __future__ import annotations
@@ -182,6 +183,8 @@ class Method:
 def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
     import torch
 
+    if args.train_threads:  # every method alike, the control too: only the cores left differ
+        torch.set_num_threads(args.train_threads)
     torch.manual_seed(0)
     model, opt = build(args.state_size, seed=1)
     probe_input = torch.randn(4, WIDTH)
@@ -384,6 +387,13 @@ def main() -> None:
     p.add_argument("--num-buffers", type=int, default=8)
     p.add_argument(
         "--dir", default=tempfile.gettempdir(), help="where checkpoints are written (deleted after)"
+    )
+    p.add_argument(
+        "--train-threads",
+        type=int,
+        default=0,
+        help="torch threads for training (0: torch's default, every core); fewer leave cores "
+        "to the checkpoint writer, as a node that reserves cores for I/O does",
     )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
