@@ -78,6 +78,8 @@ def run_fields(
         usable_cpus=budget.usable_cpus,
         local_ranks=budget.local_ranks,
         local_ranks_source=budget.local_ranks_source,
+        thread_budget_rule=budget.rule_used,
+        thread_budget_threads=budget.threads,
         extra=facts,
         **environment_facts(),
     )
