@@ -309,6 +309,9 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                         max_in_flight=in_flight,
                         progress=progress,
                         sealer=sealer,
+                        # leave_loop_core: fills and checksums take turns, so the pipeline's
+                        # CPU work stays within the generator's threads and the loop keeps a core
+                        cpu_lane=asyncio.Lock() if self.config.thread_budget == "leave_loop_core" else None,
                     )
                     gen_s = sum(r.fill_s for r in times.records)
                 else:

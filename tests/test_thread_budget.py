@@ -7,20 +7,25 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
-from asyncckpt import AsyncCheckpointer, CheckpointConfig, ConfigError
+from asyncckpt import AsyncCheckpointer, CheckpointConfig, ConfigError, pipeline
 from asyncckpt.bench.cli import build_parser, plan_from_args
 from asyncckpt.modes import ThreadBudgetRule, choices
 from asyncckpt.results import SaveResult
+from asyncckpt.sources.dgen import DgenSource
 from asyncckpt.topology import local_ranks, thread_budget, usable_cpus
 
 from .conftest import ROOT
 from .result_schema import assert_valid
 
 MiB = 2**20
+T = TypeVar("T")
 LAUNCHER_PREFIXES = ("OMPI_", "PMI", "SLURM_", "MV2_", "MPI_LOCAL", "LOCAL_WORLD_SIZE", "LOCAL_RANK")
 
 
@@ -115,3 +120,41 @@ async def test_result_building_reads_package_metadata_once() -> None:
     assert after.misses == before.misses and after.hits > before.hits
     assert result.metadata.versions == runinfo.package_versions()
     assert runinfo.package_versions() is not runinfo.package_versions()  # callers get their own
+
+
+class _Overlap:
+    """Counts fills and checksums running at once. Each side, once inside, waits (briefly) for
+    the other to arrive, so whenever the pipeline lets them overlap they are seen overlapping."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.active = {"fill": 0, "crc": 0}
+        self.peak = 0
+
+    def run(self, kind: str, other: str, fn: Callable[[], T]) -> T:
+        with self.cond:
+            self.active[kind] += 1
+            self.peak = max(self.peak, sum(self.active.values()))
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: self.active[other] > 0, timeout=0.05)
+        try:
+            return fn()
+        finally:
+            with self.cond:
+                self.active[kind] -= 1
+
+
+@pytest.mark.parametrize(("rule", "peak"), [("leave_loop_core", 1), ("mlperf", 2)])
+async def test_fills_and_checksums_take_turns_when_the_loop_keeps_a_core(
+    monkeypatch: pytest.MonkeyPatch, rule: str, peak: int
+) -> None:
+    """The generator's threads are the pipeline's whole CPU use under leave_loop_core: a CRC
+    beside a fill would take the core the rule leaves to the event loop."""
+    seen = _Overlap()
+    fill, crc = DgenSource.fill_sync, pipeline.timed_crc
+    monkeypatch.setattr(DgenSource, "fill_sync", lambda s, b: seen.run("fill", "crc", lambda: fill(s, b)))
+    monkeypatch.setattr(pipeline, "timed_crc", lambda v: seen.run("crc", "fill", lambda: crc(v)))
+    async with AsyncCheckpointer(chunk_size=MiB, num_buffers=4, thread_budget=rule) as ckpt:
+        result = await ckpt.save("null://turns", 8 * MiB)
+    assert result.chunks == 8 and all(r.checksum is not None for r in result.records)
+    assert seen.peak == peak
