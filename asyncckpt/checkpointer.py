@@ -61,7 +61,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         if config is not None and options:
             raise ConfigError("pass either config= or keyword options, not both")
         self.config = config if config is not None else CheckpointConfig.from_options(**options)
-        self._budget = thread_budget(self.config.gen_threads)
+        self._budget = thread_budget(self.config.gen_threads, rule=self.config.thread_budget)
         self._pool: BufferPool | None = None
         self._executor: Offload | None = None
         self._lock = asyncio.Lock()
@@ -248,14 +248,15 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                 )
                 facts, b = source.describe(), self._budget
                 log.info(
-                    "save %s: %d bytes, %s; generator %s with %s threads (%d requested = %d usable CPUs "
-                    "// %d ranks on this node from %s)",
+                    "save %s: %d bytes, %s; generator %s with %s threads (%d requested: %s rule, %d "
+                    "usable CPUs, %d ranks on this node from %s)",
                     sink.uri,
                     size,
                     method,
                     facts.get("generator"),
                     facts.get("gen_threads"),
                     b.threads,
+                    b.rule_used,
                     b.usable_cpus,
                     b.local_ranks,
                     b.local_ranks_source,
@@ -308,6 +309,9 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                         max_in_flight=in_flight,
                         progress=progress,
                         sealer=sealer,
+                        # leave_loop_core: fills and checksums take turns, so the pipeline's
+                        # CPU work stays within the generator's threads and the loop keeps a core
+                        cpu_lane=asyncio.Lock() if self.config.thread_budget == "leave_loop_core" else None,
                     )
                     gen_s = sum(r.fill_s for r in times.records)
                 else:

@@ -58,7 +58,10 @@ class CheckpointConfig:
     num_buffers: int = 8
     generator: modes.Generator = field(default_factory=default_generator)
     seed: int = DEFAULT_SEED
-    gen_threads: int | None = None  # None: usable CPUs // ranks on this node
+    gen_threads: int | None = None  # None: sized by ``thread_budget``
+    # "leave_loop_core": (usable CPUs // ranks on this node) - 1, at least 1, so the event loop
+    # keeps a core; "mlperf": usable CPUs // ranks on this node (the bench CLI's rule)
+    thread_budget: modes.ThreadBudgetRule = "leave_loop_core"
     direct_io: bool | None = None
     fsync: bool = True
     reserve_space: bool = True  # fallocate files up front: ENOSPC before, not during, a save
@@ -95,6 +98,7 @@ class CheckpointConfig:
         _positive_int("seed", self.seed, 0, MAX_SEED)
         if self.gen_threads is not None:
             _positive_int("gen_threads", self.gen_threads, 1, MAX_THREADS)
+        modes.parse("thread_budget", self.thread_budget, modes.ThreadBudgetRule, fold=False)
         if self.direct_io is not None and not isinstance(self.direct_io, bool):
             raise ConfigError(f"direct_io must be True, False or None, got {self.direct_io!r}")
         for name in ("fsync", "reserve_space"):

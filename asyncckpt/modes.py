@@ -14,6 +14,10 @@ from .errors import ConfigError
 
 #: synthetic data generators (``CheckpointConfig.generator``, ``ASYNCCKPT_DATA_GEN``)
 Generator = Literal["dgen", "numpy"]
+#: how the generator's thread budget is sized (``CheckpointConfig.thread_budget``): each rank's
+#: share of the node's CPUs ("mlperf": usable CPUs ÷ ranks on the node, the bench CLI's rule)
+#: or that share less one core for the rank's event loop ("leave_loop_core", the library default)
+ThreadBudgetRule = Literal["leave_loop_core", "mlperf"]
 #: writer-process isolation (``CheckpointConfig.isolation``; see asyncckpt.isolation.policy)
 Isolation = Literal["auto", "process", "none"]
 #: how a writer process is started (``CheckpointConfig.mp_start_method``)

@@ -1,14 +1,19 @@
 """The streaming pipeline: producer → asyncio.Queue → bounded writers, buffers from a pool.
 
 One producer fills pooled buffers in the owned executor and queues them; ``max_in_flight``
-writer tasks drain the queue. A buffer returns to the pool only after its write completed,
-and on error or cancellation every task stops, every executor job is waited for (see
-``run_blocking``) and every buffer is reclaimed before the caller aborts the sink.
+writer tasks drain the queue. With a ``cpu_lane`` (the library's default thread budget,
+``leave_loop_core``) a fill and a chunk's CRC32C take turns instead of running side by side,
+so the pipeline's CPU work never uses more than the generator's threads and the event loop
+keeps its core; without one (the MLPerf rule) they overlap. A buffer returns to the pool
+only after its write completed, and on error or cancellation every task stops, every
+executor job is waited for (see ``run_blocking``) and every buffer is reclaimed before the
+caller aborts the sink.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import mmap
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -92,12 +97,20 @@ async def stream(
     max_in_flight: int,
     progress: ProgressFn | None = None,
     sealer: Sealer | None = None,
+    cpu_lane: asyncio.Lock | None = None,
 ) -> PipelineTimes:
     """Move ``total`` bytes from ``source`` to ``sink``; return per-chunk records.
 
     With a ``sealer`` the last chunk is written only after every other one, together with the
-    footer that carries the manifest (see :mod:`asyncckpt.seal`).
+    footer that carries the manifest (see :mod:`asyncckpt.seal`). With a ``cpu_lane`` fills
+    and checksums hold it in turn (writes never do: they wait on the device, not a CPU).
     """
+    lane = cpu_lane if cpu_lane is not None else contextlib.nullcontext()
+
+    async def checksum(view: memoryview) -> tuple[int, float]:
+        async with lane:
+            return await run_blocking(executor, timed_crc, view)
+
     queue: asyncio.Queue[tuple[PoolBuffer, ChunkRecord] | None] = asyncio.Queue()
     held: set[PoolBuffer] = set()  # checked out during this call, for reclaiming on failure
     out = PipelineTimes(start=now())
@@ -111,7 +124,7 @@ async def stream(
     async def write_sealed(buf: PoolBuffer, rec: ChunkRecord) -> float | None:
         """The last chunk: its checksum, then (all others written) data + footer in one go."""
         assert sealer is not None
-        rec.checksum, rec.checksum_s = await run_blocking(executor, timed_crc, buf.view[: rec.nbytes])
+        rec.checksum, rec.checksum_s = await checksum(buf.view[: rec.nbytes])
         await others_done.wait()
         footer = sealer.footer(out.records)
         rec.t_write_start = now()
@@ -134,7 +147,8 @@ async def stream(
             held.add(buf)
             rec = ChunkRecord(index, offset, 0, t_acquire=t0, wait_free_s=now() - t0)
             want = min(pool.chunk_size, total - offset)
-            rec.nbytes, rec.fill_s = await source.fill(buf.view[:want], executor)
+            async with lane:
+                rec.nbytes, rec.fill_s = await source.fill(buf.view[:want], executor)
             if rec.nbytes != want:
                 raise RuntimeError(f"source produced {rec.nbytes} of {want} bytes at {offset}")
             out.records.append(rec)
@@ -163,7 +177,7 @@ async def stream(
                 # serial path (fill then checksum would halve what generation can feed), timed
                 # on its own, and the buffer is released only when both are done
                 async with asyncio.TaskGroup() as both:
-                    summing = both.create_task(run_blocking(executor, timed_crc, view))
+                    summing = both.create_task(checksum(view))
                     # recorded now, not when this group has waited for `summing`
                     inner = await failures.watch(sink.write_part(rec.offset, view))
                     rec.t_write_end = now()

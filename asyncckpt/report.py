@@ -46,7 +46,10 @@ def format_save(r: SaveResult) -> str:
     close = ", ".join(f"{k.removesuffix('_s')} {v:.3f} s" for k, v in r.close_detail.items())
     lat, wlat, lag = r.chunk_latency_s, r.write_latency_s, r.loop_lag_s
     direct = "on" if m.direct_io else "OFF"
-    gen = f"{m.generator} (seed {m.seed}, threads {m.gen_threads} of {m.gen_threads_requested} requested)"
+    gen = (
+        f"{m.generator} (seed {m.seed}, threads {m.gen_threads} of {m.gen_threads_requested} requested; "
+        f"budget {m.thread_budget_threads} by the {m.thread_budget_rule} rule)"
+    )
     lines = [
         RULE,
         f"{r.operation.upper()} {r.method}: {gib(r.size_bytes)} → {m.uri} [{m.backend}]",

@@ -49,6 +49,10 @@ class RunMetadata(RunSetup):
     python: str
     versions: dict[str, str]
     extra: dict[str, Any] = field(default_factory=dict)
+    # what sized the generator's threads: "leave_loop_core" | "mlperf" | "override" (gen_threads
+    # given), and the threads it gave; files older than 2.2 used the MLPerf rule
+    thread_budget_rule: str = "mlperf"
+    thread_budget_threads: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

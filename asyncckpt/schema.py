@@ -8,6 +8,8 @@ refuse a newer one with a clear error rather than misreading it.
 2.0: loads have their own read-named fields and records (1.x loads reused the save's
 write-named ones); saves no longer carry the load-only ``verify_s``/``verify_bps``.
 2.1: multi-rank results name the collectives' ``engine`` (``mpi`` or ``torch``).
+2.2: run metadata names the thread-budget rule (``thread_budget_rule``: ``leave_loop_core``,
+``mlperf`` or ``override``) and the threads it gave (``thread_budget_threads``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-SCHEMA_VERSION = "2.1"
+SCHEMA_VERSION = "2.2"
 #: the majors this release reads: its own and the previous one
 READABLE_MAJORS = ("1", "2")
 SCHEMA_RESOURCE = "schemas/result.schema.json"

@@ -3,6 +3,12 @@
 The seed bug of this project: dividing the node's CPUs by the *global* MPI world size
 (192 CPUs / 64 ranks = 3 threads) starves generation on multi-node runs. The divisor must be
 the number of ranks sharing *this node*.
+
+Two rules size the budget from that share (:data:`asyncckpt.modes.ThreadBudgetRule`):
+``"mlperf"`` gives the generator the whole share (usable CPUs ÷ ranks, the rule MLPerf-style
+measurements use, and the bench CLI's); ``"leave_loop_core"`` keeps one core of it for the
+rank's event loop (share − 1, at least 1), the library default: a generator on every core makes
+the loop thread wait for a CPU, and a training loop sharing the event loop feels that lag.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from . import launcher
+from . import launcher, modes
 from .env import environ
 
 #: Environment variables naming the ranks on this node, first present wins (then Slurm's
@@ -59,6 +65,12 @@ class ThreadBudget(NamedTuple):
     local_ranks: int
     local_ranks_source: str  # the variable it came from, or "default"
     overridden: bool
+    rule: modes.ThreadBudgetRule = "mlperf"  # how ``threads`` was sized (unless overridden)
+
+    @property
+    def rule_used(self) -> str:
+        """What decided ``threads``: the rule, or ``"override"`` (``gen_threads`` was given)."""
+        return "override" if self.overridden else self.rule
 
 
 def usable_cpus() -> int:
@@ -96,17 +108,25 @@ def local_ranks(env: Mapping[str, str] | None = None) -> tuple[int, str]:
 def thread_budget(
     override: int | None = None,
     *,
+    rule: modes.ThreadBudgetRule = "mlperf",
     env: Mapping[str, str] | None = None,
     cpus: int | None = None,
 ) -> ThreadBudget:
-    """Generator threads = usable CPUs // ranks on this node sharing them (at least 1), unless
-    overridden. From the environment every node-local rank counts as sharing."""
+    """Generator threads from this rank's share of the CPUs, unless overridden.
+
+    The share is usable CPUs // ranks on this node sharing them (from the environment every
+    node-local rank counts as sharing). ``"mlperf"``: the whole share; ``"leave_loop_core"``:
+    the share less the core this rank's event loop runs on. At least 1 either way.
+    """
+    modes.parse("thread_budget", rule, modes.ThreadBudgetRule, fold=False)
     ncpu = usable_cpus() if cpus is None else cpus
     nlocal, source = local_ranks(env)
     if override is not None:
-        return ThreadBudget(override, ncpu, nlocal, source, True)
+        return ThreadBudget(override, ncpu, nlocal, source, True, rule)
     divisor = _cpu_sharers if env is None and _measured_local is not None and _cpu_sharers else nlocal
-    return ThreadBudget(max(1, ncpu // divisor), ncpu, nlocal, source, False)
+    share = ncpu // divisor
+    threads = share - 1 if rule == "leave_loop_core" else share
+    return ThreadBudget(max(1, threads), ncpu, nlocal, source, False, rule)
 
 
 def world(env: Mapping[str, str] | None = None) -> tuple[int, int]:

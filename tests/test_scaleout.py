@@ -187,7 +187,7 @@ def test_measured_local_size_wins_over_environment(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "64")
     try:
         topology.set_local_ranks(4, "mpi4py COMM_TYPE_SHARED")
-        assert topology.thread_budget(cpus=192) == (48, 192, 4, "mpi4py COMM_TYPE_SHARED", False)
+        assert topology.thread_budget(cpus=192) == (48, 192, 4, "mpi4py COMM_TYPE_SHARED", False, "mlperf")
     finally:
         topology.set_local_ranks(None)
     assert topology.thread_budget(cpus=192).threads == 3
@@ -203,6 +203,8 @@ def test_ranks_bound_by_the_launcher_divide_only_their_own_cpu_set() -> None:
         topology.set_local_ranks(8, "mpi4py", sharers=4)
         budget = topology.thread_budget(cpus=96)
         assert (budget.threads, budget.local_ranks) == (24, 8)  # not 96 // 8 = 12
+        # the library default keeps each rank's loop a core of that share
+        assert topology.thread_budget(cpus=96, rule="leave_loop_core").threads == 23
         topology.set_local_ranks(8, "mpi4py", sharers=8)  # unbound: everyone shares everything
         assert topology.thread_budget(cpus=192).threads == 24
         with pytest.raises(ValueError, match=r"1\.\.8"):

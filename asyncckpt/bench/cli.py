@@ -56,6 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-buffers", type=int, default=8, help="buffers in the pool (8)")
     p.add_argument("--generator", choices=choices(modes.Generator), default=None, help="data generator")
     p.add_argument("--gen-threads", type=int, default=None, help="override generator threads")
+    p.add_argument(
+        "--thread-budget",
+        choices=choices(modes.ThreadBudgetRule),
+        default="mlperf",
+        help="how generator threads are sized: mlperf = usable CPUs / ranks on this node (the "
+        "MLPerf rule, this benchmark's default); leave_loop_core = one core less, the library "
+        "default, which keeps event-loop lag low",
+    )
     p.add_argument("--seed", type=int, default=None, help="generator seed")
     p.add_argument("--method", choices=choices(modes.BenchMethod), default="streaming")
     p.add_argument("--direct-io", choices=choices(modes.DirectIo), default="auto")
@@ -151,6 +159,7 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         "chunk_size": args.chunk_size,
         "num_buffers": args.num_buffers,
         "gen_threads": args.gen_threads,
+        "thread_budget": args.thread_budget,
         "direct_io": {"auto": None, "on": True, "off": False}[args.direct_io],
         "fsync": not args.no_fsync,
         "max_in_flight": args.max_in_flight,
