@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
+import threading
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
@@ -97,31 +99,41 @@ async def test_slow_generation_is_labelled_generation(tmp_path: Path) -> None:
     assert result.gen_io_ratio < 1
 
 
-async def test_event_loop_keeps_ticking_during_large_save(tmp_path: Path, quiet_heap: None) -> None:
-    gaps: list[float] = []
+async def test_event_loop_keeps_ticking_during_large_save(
+    tmp_path: Path, quiet_heap: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The promise: no storage call ever runs on the event loop's thread. Observed directly: the
+    # OS calls the file sink makes record which thread made them (they still do the real I/O).
+    # A heartbeat's gaps were the signal before, and a busy CI machine's scheduling noise alone
+    # pushed its p95 over 10 ms (CI on 2 cores beside other jobs: 17 ms).
+    callers: set[int] = set()
+    for name in ("pwrite", "fsync", "preadv"):
+        real = getattr(os, name)
+
+        def observed(*args: Any, _real: Any = real) -> Any:
+            callers.add(threading.get_ident())
+            return _real(*args)
+
+        monkeypatch.setattr(os, name, observed)
+    ticks = 0
     stop = asyncio.Event()
 
     async def heartbeat() -> None:
-        last = time.perf_counter()
+        nonlocal ticks
         while not stop.is_set():
             await asyncio.sleep(0.001)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
+            ticks += 1
 
     async with AsyncCheckpointer(chunk_size=32 * MiB, num_buffers=4) as ckpt:
         beat = asyncio.create_task(heartbeat())
         result = await ckpt.save(tmp_path / "big.bin", 512 * MiB)
+        await ckpt.load(tmp_path / "big.bin")
         stop.set()
         await beat
-    gaps.sort()
-    assert len(gaps) > 50
-    # a blocking 32 MiB write in the loop would show as >= 15 ms gaps in more than 5% of ticks;
-    # p95 rather than p99 keeps a busy 2-core CI machine's scheduling noise out of the verdict
-    p95 = gaps[int(len(gaps) * 0.95)]
-    assert p95 < 0.010, f"p95 heartbeat gap {p95:.4f}s"
-    assert gaps[-1] < 0.050, f"max heartbeat gap {gaps[-1]:.4f}s"
-    assert result.loop_lag_s.max < 0.050
+    assert callers, "the save made no observed storage call"
+    assert threading.get_ident() not in callers  # every write, fsync and read ran off the loop
+    assert ticks > 50  # and the loop kept running other tasks meanwhile
+    assert result.loop_lag_s.max < 0.5  # no callback held the loop for long
 
 
 async def test_repeated_saves_reuse_the_pool(tmp_path: Path) -> None:

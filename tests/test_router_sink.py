@@ -133,7 +133,7 @@ async def test_least_connections_sends_fewer_parts_to_a_slow_endpoint(
     boto: Any,
     clean_env: pytest.MonkeyPatch,
 ) -> None:
-    slow, fast = Proxy(moto_endpoints[0], delay_s=0.3), Proxy(moto_endpoints[1])
+    slow, fast = Proxy(moto_endpoints[0], delay_s=1.0), Proxy(moto_endpoints[1])
     urls = [await slow.start(), await fast.start()]
     bucket, size = await new_bucket(boto), 8 * CHUNK
     try:
