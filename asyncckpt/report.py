@@ -38,6 +38,16 @@ def format_result(r: RunResult) -> str:
     return format_save(r)
 
 
+def format_cpu(r: RunResult) -> str:
+    """CPU-s per GB in total (and what it covers), then per measured stage."""
+    total = r.cpu_s_per_gb
+    if total is None:
+        return "not measured (result written before schema 2.2)"
+    scope = "this process + writer process" if r.writer_cpu_s is not None else "this process"
+    stages = ", ".join(f"{k} {v:.3f}" for k, v in r.cpu_stages_s_per_gb.items())
+    return f"{total:.3f} CPU-s/GB ({scope}){'; stages: ' + stages if stages else ''}"
+
+
 def format_save(r: SaveResult) -> str:
     """The results block of one save: generation, checksums and writes kept apart."""
     m = r.metadata
@@ -67,6 +77,7 @@ def format_save(r: SaveResult) -> str:
         f"p99 {ms(lat.p99)} max {ms(lat.max)}",
         f"Write latency:     p50 {ms(wlat.p50)} p99 {ms(wlat.p99)} max {ms(wlat.max)}",
         f"Event-loop lag:    p50 {ms(lag.p50)} p99 {ms(lag.p99)} max {ms(lag.max)} ({m.event_loop})",
+        f"CPU:               {format_cpu(r)}",
         f"Memory:            peak RSS {mib(r.peak_rss_bytes)} "
         f"(+{mib(r.peak_rss_bytes - r.baseline_rss_bytes)} during the run); pool {mib(m.pool_bytes)}",
         f"Direct I/O:        {direct} — {m.direct_io_reason}; fsync {'on' if m.fsync else 'off'}",
@@ -102,6 +113,7 @@ def format_load(r: LoadResult) -> str:
         f"Read latency:      p50 {ms(rl.p50)} p90 {ms(rl.p90)} p99 {ms(rl.p99)} max {ms(rl.max)} "
         f"({r.chunks:,} reads)",
         f"Event-loop lag:    p50 {ms(lag.p50)} p99 {ms(lag.p99)} max {ms(lag.max)} ({m.event_loop})",
+        f"CPU:               {format_cpu(r)}",
         f"Memory:            peak RSS {mib(r.peak_rss_bytes)} "
         f"(+{mib(r.peak_rss_bytes - r.baseline_rss_bytes)} during the run); pool {mib(m.pool_bytes)}",
         f"Cache defeat:      {'O_DIRECT' if m.direct_io else 'no O_DIRECT'} — {m.direct_io_reason}",

@@ -8,6 +8,9 @@ refuse a newer one with a clear error rather than misreading it.
 2.0: loads have their own read-named fields and records (1.x loads reused the save's
 write-named ones); saves no longer carry the load-only ``verify_s``/``verify_bps``.
 2.1: multi-rank results name the collectives' ``engine`` (``mpi`` or ``torch``).
+2.2: every save and load carries its CPU time (``cpu_s``, ``writer_cpu_s``, ``cpu_scope``,
+``cpu_stages_s``; derived ``cpu_total_s``, ``cpu_s_per_gb``, ``cpu_stages_s_per_gb``) and its
+records the stages' CPU (``checksum_cpu_s``, ``verify_cpu_s``); 2.1 files read with these empty.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-SCHEMA_VERSION = "2.1"
+SCHEMA_VERSION = "2.2"
 #: the majors this release reads: its own and the previous one
 READABLE_MAJORS = ("1", "2")
 SCHEMA_RESOURCE = "schemas/result.schema.json"

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._blocking import run_blocking
+from ..cpu import CpuTally, thread_cpu_call
 from ..errors import ConfigError, DirectIOError, TargetNotFoundError, map_os_error
 from ..owner import parse_temp, temp_name
 from ..pool import buffer_address
@@ -80,6 +81,9 @@ class FileSink(Sink):
         self._rreason = ""
         self._identity: dict[str, int] = {}
         self.stale_removed: list[str] = []  # temporaries of dead saves this save removed
+        self.storage_cpu = self._cpu = (
+            CpuTally()
+        )  # pwrite / pread thread CPU (a copy into or out of the kernel)
 
     @property
     def temp_path(self) -> Path | None:
@@ -174,6 +178,16 @@ class FileSink(Sink):
             self._padded = True
         return time.perf_counter() - start
 
+    def _timed_write(self, offset: int, data: memoryview) -> float:
+        seconds, cpu = thread_cpu_call(self._write_sync, offset, data)
+        self._cpu.add(cpu)
+        return seconds
+
+    def _timed_read(self, offset: int, buf: memoryview) -> int:
+        n, cpu = thread_cpu_call(self._read_sync, offset, buf)
+        self._cpu.add(cpu)
+        return n
+
     def _drop_direct(self, reason: str) -> None:
         fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~_O_DIRECT)
         self.direct = False
@@ -182,7 +196,7 @@ class FileSink(Sink):
 
     async def write_part(self, offset: int, data: memoryview) -> float | None:
         try:
-            return await run_blocking(self.executor, self._write_sync, offset, data)
+            return await run_blocking(self.executor, self._timed_write, offset, data)
         except OSError as exc:
             raise map_os_error(exc, f"write {str(self.path)!r} at offset {offset}") from None
 
@@ -322,7 +336,7 @@ class FileSink(Sink):
 
     async def read_into(self, offset: int, buf: memoryview) -> int:
         try:
-            return await run_blocking(self.executor, self._read_sync, offset, buf)
+            return await run_blocking(self.executor, self._timed_read, offset, buf)
         except OSError as exc:
             raise map_os_error(exc, f"read {str(self.path)!r} at offset {offset}") from None
 
