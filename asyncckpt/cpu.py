@@ -39,11 +39,16 @@ def register_helper_threads(tids: Iterable[int]) -> None:
         _helpers.update(tids)
 
 
+_schedstat: dict[int, int] = {}  # tid → an open /proc schedstat descriptor (re-read with pread)
+
+
 def _thread_cpu(tid: int) -> float:
     """CPU seconds of thread ``tid`` of this process (0.0 once it has gone)."""
     try:
-        with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
-            return int(f.read().split()[0]) / 1e9  # nanoseconds on the CPU
+        fd = _schedstat.get(tid)
+        if fd is None:
+            fd = _schedstat[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        return int(os.pread(fd, 128, 0).split()[0]) / 1e9  # nanoseconds on the CPU
     except (OSError, ValueError, IndexError):
         pass
     try:  # kernels without schedstat: utime + stime in clock ticks
@@ -52,6 +57,15 @@ def _thread_cpu(tid: int) -> float:
         return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def _forget_in_child() -> None:
+    """A forked child has none of these threads: its reads must not see the parent's."""
+    _helpers.clear()
+    _schedstat.clear()  # the descriptors stay open in the child, unused (few, and close-on-exec)
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def helper_cpu() -> float:
