@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -63,6 +64,20 @@ async def measure(uri: str, args: argparse.Namespace, **config: Any) -> dict[str
         "cpu_scope": scope,
         "measured_GBps": statistics.median(rates) / GB,
     }
+
+
+def measure_one_core(args: argparse.Namespace) -> dict[str, Any]:
+    """``null://`` inputs in a fresh process confined to one core before anything starts: the
+    generator pool then gets one thread, as a rank that mpirun binds to one core does."""
+    cmd = [sys.executable, __file__, "--size", args.size, "--chunk-size", args.chunk_size]
+    cmd += ["--reps", str(args.reps), "--null-input-only"]
+    core = min(os.sched_getaffinity(0))
+    cmd += ["--core", str(core)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"one-core input failed:\n{proc.stderr}")
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return out
 
 
 def measure_s3(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -110,7 +125,9 @@ def node_throughput(
     return min(bounds)
 
 
-def mpi_check(args: argparse.Namespace, null: dict[str, Any]) -> list[dict[str, Any]]:
+def mpi_check(
+    args: argparse.Namespace, null: dict[str, Any], one_core: dict[str, Any]
+) -> list[dict[str, Any]]:
     from bench_mpi import bench, figures  # the same runner as the MPI benchmark
 
     run = argparse.Namespace(
@@ -126,9 +143,13 @@ def mpi_check(args: argparse.Namespace, null: dict[str, Any]) -> list[dict[str, 
         f = figures(report)
         (phase,) = [p for p in report["phases"] if p["phase"] == "save"]
         rank_costs = [r["cpu_s_per_gb"] for c in phase["checkpoints"] for r in c["per_rank"]]
-        # mpirun binds each rank to one core: the node's cores for this job are the ranks
+        # mpirun binds each rank to one core: the node's cores for this job are the ranks;
+        # predicted from the inputs taken at two threads on two cores and at one core
         predicted = node_throughput(
             null, cores=np, ranks=np, endpoints=1, endpoint_gbps=None, nic_gbps=float("inf")
+        )
+        predicted_1c = node_throughput(
+            one_core, cores=np, ranks=np, endpoints=1, endpoint_gbps=None, nic_gbps=float("inf")
         )
         measured = f["throughput_bps_mean"] / GB
         cost = statistics.median(c for c in rank_costs if c is not None) if any(rank_costs) else None
@@ -139,6 +160,9 @@ def mpi_check(args: argparse.Namespace, null: dict[str, Any]) -> list[dict[str, 
                 "measured_GBps": measured,
                 "error": measured / predicted - 1,
                 "within_10pct": abs(measured / predicted - 1) <= 0.10,
+                "predicted_1core_GBps": predicted_1c,
+                "error_1core": measured / predicted_1c - 1,
+                "within_10pct_1core": abs(measured / predicted_1c - 1) <= 0.10,
                 # the two terms of the error: did the cost per byte hold (the ranks' own
                 # cpu_s_per_gb against the input), and how many cores did the ranks get
                 "rank_cpu_s_per_gb": cost,
@@ -163,7 +187,14 @@ def main() -> None:
     p.add_argument("--no-s3", action="store_true")
     p.add_argument("--no-mpi", action="store_true")
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--null-input-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--core", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.null_input_only:  # the one-core child of measure_one_core
+        if args.core is not None:  # before the generator pool starts: it sizes itself from this
+            os.sched_setaffinity(0, {args.core})
+        print(json.dumps(asyncio.run(measure("null://scaling", args))))
+        return
 
     inputs: dict[str, dict[str, Any]] = {"null": asyncio.run(measure("null://scaling", args))}
     with tempfile.TemporaryDirectory(dir=args.tmpfs, prefix="asyncckpt-scaling-") as tmp:
@@ -191,7 +222,8 @@ def main() -> None:
         name: {f"{x}_GBps": round(x * inp["cpu_s_per_gb"], 1) for x in TARGETS_GBPS}
         for name, inp in inputs.items()
     }
-    check = [] if args.no_mpi else mpi_check(args, inputs["null"])
+    one_core = measure_one_core(args)
+    check = [] if args.no_mpi else mpi_check(args, inputs["null"], one_core)
     emit(
         "scaling",
         rows,
@@ -202,6 +234,7 @@ def main() -> None:
             "nic_gbps": args.nic_gbps,
             "endpoint_gbps": args.endpoint_gbps,
             "inputs": inputs,
+            "null_input_one_core": one_core,
             "cores_needed": cores_needed,
             "check": check,
             "check_target": "measured within 10 % of predicted",
@@ -210,7 +243,9 @@ def main() -> None:
     for r in check:
         print(
             f"check: {r['ranks']} rank(s): predicted {r['predicted_GBps']:.2f} GB/s, measured "
-            f"{r['measured_GBps']:.2f} GB/s, error {r['error'] * 100:+.1f} %"
+            f"{r['measured_GBps']:.2f} GB/s, error {r['error'] * 100:+.1f} %; from the one-core input "
+            f"{r['predicted_1core_GBps']:.2f} GB/s, error {r['error_1core'] * 100:+.1f} %; "
+            f"cores used {r['cores_used'] or 0:.2f}"
         )
 
 
