@@ -263,10 +263,12 @@ def format_phases(summary: Mapping[str, Mapping[str, float]]) -> str:
             f"{gbps(s['throughput_bps_mean'])} ± {gbps(s['throughput_bps_stdev'])}",
             f"{s['duration_s_mean']:.3f} ± {s['duration_s_stdev']:.3f} s",
             f"{gbps(s['io_bps_mean'])} ± {gbps(s['io_bps_stdev'])}",
+            f"{s['cpu_s_per_gb_mean']:.3f}" if "cpu_s_per_gb_mean" in s else "—",
         )
         for name, s in summary.items()
     ]
-    return format_table(("phase", "checkpoints", "throughput (mean ± stdev)", "duration", "I/O only"), rows)
+    headers = ("phase", "checkpoints", "throughput (mean ± stdev)", "duration", "I/O only", "CPU-s/GB")
+    return format_table(headers, rows)
 
 
 def _secs(x: float) -> str:
