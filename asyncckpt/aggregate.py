@@ -82,6 +82,7 @@ def aggregate_checkpoint(
                 "throughput_bps": rates[i],
                 "bottleneck": r.get("bottleneck"),
                 "bottleneck_counts": dict(r.get("bottleneck_counts", {})),
+                "cpu_s_per_gb": r.get("cpu_s_per_gb"),  # null from a rank older than 2.2
                 **{k: r.get("metadata", {}).get(k) for k in RANK_METADATA},
             }
             for i, r in enumerate(results)

@@ -294,7 +294,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
             if expect_crc32c is None
             else None
         )
-        async with LoopMonitor(self.config.monitor_interval) as monitor:
+        async with LoopMonitor(self.config.monitor_interval, sink=sink) as monitor:
             t0 = now()
             await sink.open(size if sealer is None else sealer.seal.object_size)
             t_open = now()
@@ -394,5 +394,6 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
             close_s=close_s,
             wall_s=wall_s,
             close_detail=close_detail,
+            cpu_stages={"generation": source.cpu_s, "checksum": sum(r.checksum_cpu_s for r in recs)},
         )
         return SaveResult.from_records(recs, gen_s=gen_s, **run)

@@ -209,7 +209,7 @@ class LoadsMixin(CheckpointerCore):
                     reader.attach_arena(pool.arena)  # reads land in the arena, not in pipe messages
                 pool.reset_stats()
                 executor = self._ensure_executor()
-                async with LoopMonitor(self.config.monitor_interval) as monitor:
+                async with LoopMonitor(self.config.monitor_interval, sink=sink) as monitor:
                     t0 = now()
                     # opened first: a file load then reads one version even if a save replaces it
                     await sink.open_read(defeat_cache=defeat_cache)
@@ -300,5 +300,6 @@ class LoadsMixin(CheckpointerCore):
             close_s=t_end - t_close,
             wall_s=t_end - t0,
             close_detail={},
+            cpu_stages={"verify": sum(r.verify_cpu_s for r in recs)} if state.verify_mode != "none" else {},
         )
         return LoadResult.from_records(recs, **run)

@@ -276,7 +276,9 @@ async def stream_views(
             view = buf.view[: rec.nbytes]
             t0 = now()
             if verifier is not None:
-                bad, rec.verify_s = await run_blocking(executor, verifier.check_sync, rec.offset, view)
+                bad, rec.verify_s, rec.verify_cpu_s = await run_blocking(
+                    executor, verifier.check_cpu_sync, rec.offset, view
+                )
                 if bad is not None:
                     bad = await pinpoint(bad, manifest, sink, executor, threads=threads)
                     raise mismatch_error(bad, manifest, uri, verifier.mode, state.identity_note)

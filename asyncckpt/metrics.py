@@ -38,6 +38,7 @@ class ChunkRecord:
     bottleneck: str = ""
     checksum: int | None = None  # CRC32C of the chunk (saves: computed before release)
     checksum_s: float = 0.0  # pure checksum time (inside the worker thread)
+    checksum_cpu_s: float = 0.0  # CPU time of that worker thread during the checksum
 
     @property
     def latency_s(self) -> float:
@@ -55,6 +56,7 @@ class ReadRecord:
     read_s: float = 0.0  # pure storage time for this chunk
     consume_s: float = 0.0  # verification + the caller's time with the view
     verify_s: float = 0.0  # pure verification time (part of consume_s)
+    verify_cpu_s: float = 0.0  # CPU time of the verification (its thread, + dgen-py's pool when regenerating)
     wait_free_s: float = 0.0  # reads blocked waiting for a free buffer
     wait_data_s: float = 0.0  # consumer blocked waiting for this chunk's read
     t_acquire: float = 0.0

@@ -1,8 +1,10 @@
-"""Watching the process while a save runs: event-loop lag and resident memory.
+"""Watching the process while a save runs: event-loop lag, resident memory, CPU time.
 
 A ticker coroutine asks to wake every ``interval`` seconds; how late it wakes is the lag a
 training loop sharing this event loop would feel. It also samples RSS, so the reported peak
-is the peak *during this save*, not the process lifetime maximum.
+is the peak *during this save*, not the process lifetime maximum. Given the sink, it also
+reads the CPU time of this process, of the writer process and of the storage calls from its
+start to its end (:mod:`asyncckpt.cpu`).
 """
 
 from __future__ import annotations
@@ -10,8 +12,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import TYPE_CHECKING
 
+from .cpu import CpuCounters, CpuMeter
 from .metrics import Percentiles, percentiles
+
+if TYPE_CHECKING:
+    from .sinks.base import Sink
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -28,8 +35,10 @@ def current_rss() -> int:
 class LoopMonitor:
     """Samples loop lag and RSS until stopped; use as ``async with``."""
 
-    def __init__(self, interval: float = 0.005) -> None:
+    def __init__(self, interval: float = 0.005, *, sink: Sink | None = None) -> None:
         self.interval = interval
+        self.sink = sink  # whose CPU counters (writer process, storage calls) to read
+        self.cpu = CpuMeter()
         self.lags: list[float] = []
         self.baseline_rss = 0
         self.peak_rss = 0
@@ -44,16 +53,20 @@ class LoopMonitor:
             self.peak_rss = max(self.peak_rss, current_rss())
 
     async def __aenter__(self) -> LoopMonitor:
+        self.cpu.start(await self.sink.cpu_counters() if self.sink is not None else CpuCounters())
         self.baseline_rss = self.peak_rss = current_rss()
         self._task = asyncio.create_task(self._tick(), name="asyncckpt-loop-monitor")
         await asyncio.sleep(0)
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
         assert self._task is not None
         self._task.cancel()
         await asyncio.wait([self._task])
         self.peak_rss = max(self.peak_rss, current_rss())
+        # after a failure nothing reads the figures, and a failed writer must not be asked
+        ok = exc_type is None and self.sink is not None
+        self.cpu.stop(await self.sink.cpu_counters() if ok and self.sink is not None else CpuCounters())
 
     def lag(self) -> Percentiles:
         return percentiles(self.lags)

@@ -107,7 +107,7 @@ async def stream(
     """
     lane = cpu_lane if cpu_lane is not None else contextlib.nullcontext()
 
-    async def checksum(view: memoryview) -> tuple[int, float]:
+    async def checksum(view: memoryview) -> tuple[int, float, float]:
         async with lane:
             return await run_blocking(executor, timed_crc, view)
 
@@ -124,7 +124,7 @@ async def stream(
     async def write_sealed(buf: PoolBuffer, rec: ChunkRecord) -> float | None:
         """The last chunk: its checksum, then (all others written) data + footer in one go."""
         assert sealer is not None
-        rec.checksum, rec.checksum_s = await checksum(buf.view[: rec.nbytes])
+        rec.checksum, rec.checksum_s, rec.checksum_cpu_s = await checksum(buf.view[: rec.nbytes])
         await others_done.wait()
         footer = sealer.footer(out.records)
         rec.t_write_start = now()
@@ -181,7 +181,7 @@ async def stream(
                     # recorded now, not when this group has waited for `summing`
                     inner = await failures.watch(sink.write_part(rec.offset, view))
                     rec.t_write_end = now()
-                rec.checksum, rec.checksum_s = summing.result()
+                rec.checksum, rec.checksum_s, rec.checksum_cpu_s = summing.result()
                 before_last += rec.nbytes
                 if before_last == last_offset:
                     others_done.set()
@@ -242,7 +242,7 @@ async def write_preallocated(
         records: list[ChunkRecord] = []
         for index, offset in enumerate(range(0, total, chunk_size)):
             rec = ChunkRecord(index, offset, min(chunk_size, total - offset))
-            rec.checksum, rec.checksum_s = await run_blocking(
+            rec.checksum, rec.checksum_s, rec.checksum_cpu_s = await run_blocking(
                 executor, timed_crc, view[offset : offset + rec.nbytes]
             )
             records.append(rec)

@@ -38,6 +38,16 @@ def format_result(r: RunResult) -> str:
     return format_save(r)
 
 
+def format_cpu(r: RunResult) -> str:
+    """CPU-s per GB in total (and what it covers), then per measured stage."""
+    total = r.cpu_s_per_gb
+    if total is None:
+        return "not measured (result written before schema 2.2)"
+    scope = "this process + writer process" if r.writer_cpu_s is not None else "this process"
+    stages = ", ".join(f"{k} {v:.3f}" for k, v in r.cpu_stages_s_per_gb.items())
+    return f"{total:.3f} CPU-s/GB ({scope}){'; stages: ' + stages if stages else ''}"
+
+
 def format_save(r: SaveResult) -> str:
     """The results block of one save: generation, checksums and writes kept apart."""
     m = r.metadata
@@ -70,6 +80,7 @@ def format_save(r: SaveResult) -> str:
         f"p99 {ms(lat.p99)} max {ms(lat.max)}",
         f"Write latency:     p50 {ms(wlat.p50)} p99 {ms(wlat.p99)} max {ms(wlat.max)}",
         f"Event-loop lag:    p50 {ms(lag.p50)} p99 {ms(lag.p99)} max {ms(lag.max)} ({m.event_loop})",
+        f"CPU:               {format_cpu(r)}",
         f"Memory:            peak RSS {mib(r.peak_rss_bytes)} "
         f"(+{mib(r.peak_rss_bytes - r.baseline_rss_bytes)} during the run); pool {mib(m.pool_bytes)}",
         f"Direct I/O:        {direct} — {m.direct_io_reason}; fsync {'on' if m.fsync else 'off'}",
@@ -105,6 +116,7 @@ def format_load(r: LoadResult) -> str:
         f"Read latency:      p50 {ms(rl.p50)} p90 {ms(rl.p90)} p99 {ms(rl.p99)} max {ms(rl.max)} "
         f"({r.chunks:,} reads)",
         f"Event-loop lag:    p50 {ms(lag.p50)} p99 {ms(lag.p99)} max {ms(lag.max)} ({m.event_loop})",
+        f"CPU:               {format_cpu(r)}",
         f"Memory:            peak RSS {mib(r.peak_rss_bytes)} "
         f"(+{mib(r.peak_rss_bytes - r.baseline_rss_bytes)} during the run); pool {mib(m.pool_bytes)}",
         f"Cache defeat:      {'O_DIRECT' if m.direct_io else 'no O_DIRECT'} — {m.direct_io_reason}",
@@ -254,10 +266,12 @@ def format_phases(summary: Mapping[str, Mapping[str, float]]) -> str:
             f"{gbps(s['throughput_bps_mean'])} ± {gbps(s['throughput_bps_stdev'])}",
             f"{s['duration_s_mean']:.3f} ± {s['duration_s_stdev']:.3f} s",
             f"{gbps(s['io_bps_mean'])} ± {gbps(s['io_bps_stdev'])}",
+            f"{s['cpu_s_per_gb_mean']:.3f}" if "cpu_s_per_gb_mean" in s else "—",
         )
         for name, s in summary.items()
     ]
-    return format_table(("phase", "checkpoints", "throughput (mean ± stdev)", "duration", "I/O only"), rows)
+    headers = ("phase", "checkpoints", "throughput (mean ± stdev)", "duration", "I/O only", "CPU-s/GB")
+    return format_table(headers, rows)
 
 
 def _secs(x: float) -> str:

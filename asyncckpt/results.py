@@ -78,6 +78,11 @@ class RunResult(ABC):
     peak_rss_bytes: int
     baseline_rss_bytes: int
     metadata: RunMetadata
+    # CPU time over the timed phase (asyncckpt.cpu); None in files written before 2.2
+    cpu_s: float | None = None  # this process, all threads (user + system)
+    writer_cpu_s: float | None = None  # the writer process (isolation), None when there is none
+    cpu_scope: str = ""  # what cpu_total_s covers: "process" or "process+writer"
+    cpu_stages_s: dict[str, float] = field(default_factory=dict)  # thread CPU per measured stage
 
     @property
     @abstractmethod
@@ -110,6 +115,24 @@ class RunResult(ABC):
         return max(0.0, (pipeline - busy) / pipeline * 100) if pipeline > 0 else 0.0
 
     @property
+    def cpu_total_s(self) -> float | None:
+        """CPU seconds of this process plus the writer process's (see ``cpu_scope``)."""
+        if self.cpu_s is None:
+            return None
+        return self.cpu_s + (self.writer_cpu_s or 0.0)
+
+    @property
+    def cpu_s_per_gb(self) -> float | None:
+        """CPU seconds per GB (10⁹ bytes) moved: the cost per byte, whatever the wall time."""
+        total = self.cpu_total_s
+        return total / (self.size_bytes / 1e9) if total is not None and self.size_bytes else None
+
+    @property
+    def cpu_stages_s_per_gb(self) -> dict[str, float]:
+        gb = self.size_bytes / 1e9
+        return {k: v / gb for k, v in self.cpu_stages_s.items()} if gb else {}
+
+    @property
     def bottleneck(self) -> str:
         """The stage that limited most chunks."""
         return max(self.bottleneck_counts, key=lambda k: self.bottleneck_counts[k])
@@ -123,6 +146,9 @@ class RunResult(ABC):
             "overhead_pct": self.overhead_pct,
             "bottleneck": self.bottleneck,
             "pool_peak_over_baseline_bytes": self.peak_rss_bytes - self.baseline_rss_bytes,
+            "cpu_total_s": self.cpu_total_s,
+            "cpu_s_per_gb": self.cpu_s_per_gb,
+            "cpu_stages_s_per_gb": self.cpu_stages_s_per_gb,
         }
 
     def to_dict(self, *, include_records: bool = False) -> dict[str, Any]:

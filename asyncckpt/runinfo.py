@@ -12,6 +12,7 @@ from dataclasses import asdict
 from functools import cache
 from typing import Any
 
+from .cpu import SCOPE_PROCESS, SCOPE_WITH_WRITER
 from .metrics import Timed, percentiles
 from .monitor import LoopMonitor
 from .results import RunMetadata, RunSetup
@@ -71,12 +72,15 @@ def run_fields(
     close_s: float,
     wall_s: float,
     close_detail: dict[str, float],
+    cpu_stages: dict[str, float],
 ) -> dict[str, Any]:
     """The fields of :class:`~asyncckpt.results.RunResult`, measured alike for saves and loads:
     the ``from_records`` of ``SaveResult`` and ``LoadResult`` add what each side did.
 
     The sink's direct-I/O facts move out of ``sink_facts`` into their own metadata fields and
-    the rest becomes ``extra``.
+    the rest becomes ``extra``. ``cpu_stages``: the stages' thread CPU seconds the caller
+    summed (generation, checksum / verify); the monitor adds the storage calls' where the sink
+    measured them (in this process or in the writer process).
     """
     facts = dict(sink_facts)
     metadata = RunMetadata(
@@ -107,6 +111,21 @@ def run_fields(
         "peak_rss_bytes": monitor.peak_rss,
         "baseline_rss_bytes": monitor.baseline_rss,
         "metadata": metadata,
+        **cpu_fields(monitor, cpu_stages),
+    }
+
+
+def cpu_fields(monitor: LoopMonitor, stages: dict[str, float]) -> dict[str, Any]:
+    """``cpu_s``, ``writer_cpu_s``, ``cpu_scope`` and ``cpu_stages_s`` from the monitor's meter."""
+    meter = monitor.cpu
+    stages = dict(stages)
+    if meter.storage_s is not None:
+        stages["storage"] = meter.storage_s
+    return {
+        "cpu_s": meter.process_s,
+        "writer_cpu_s": meter.writer_s,
+        "cpu_scope": SCOPE_PROCESS if meter.writer_s is None else SCOPE_WITH_WRITER,
+        "cpu_stages_s": stages,
     }
 
 

@@ -10,6 +10,9 @@ write-named ones); saves no longer carry the load-only ``verify_s``/``verify_bps
 2.1: multi-rank results name the collectives' ``engine`` (``mpi`` or ``torch``).
 2.2: run metadata names the thread-budget rule (``thread_budget_rule``: ``leave_loop_core``,
 ``mlperf`` or ``override``) and the threads it gave (``thread_budget_threads``).
+2.2 also: every save and load carries its CPU time (``cpu_s``, ``writer_cpu_s``, ``cpu_scope``,
+``cpu_stages_s``; derived ``cpu_total_s``, ``cpu_s_per_gb``, ``cpu_stages_s_per_gb``) and its
+records the stages' CPU (``checksum_cpu_s``, ``verify_cpu_s``); 2.1 files read with these empty.
 """
 
 from __future__ import annotations

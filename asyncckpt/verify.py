@@ -76,6 +76,16 @@ class Verifier(ABC):
         self.position += len(view)
         return bad, time.perf_counter() - start
 
+    def helper_cpu(self) -> float:
+        """Cumulative CPU seconds of threads a library runs for this verifier (0: none)."""
+        return 0.0
+
+    def check_cpu_sync(self, offset: int, view: memoryview) -> tuple[Mismatch | None, float, float]:
+        """:meth:`check_sync` and the CPU seconds it took (its thread and helper threads)."""
+        cpu = time.thread_time() + self.helper_cpu()
+        bad, seconds = self.check_sync(offset, view)
+        return bad, seconds, time.thread_time() + self.helper_cpu() - cpu
+
     @abstractmethod
     def _check(self, offset: int, view: memoryview) -> Mismatch | None: ...
 
@@ -134,6 +144,9 @@ class RegenerateVerifier(Verifier):
         self._expected = memoryview(self._scratch)
         self._have = -1
         self.regen_s = 0.0
+
+    def helper_cpu(self) -> float:
+        return self._source.helper_cpu()  # dgen-py regenerates on its own pool
 
     def _generate(self, chunk: int) -> None:
         while self._have < chunk:  # the stream depends on the fill sizes: one chunk per fill

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from .cpu import CpuCounters
 from .errors import StallError
 from .isolation.process_sink import ProcessSink
 from .sinks.base import Sink
@@ -200,6 +201,10 @@ class WatchedSink(Sink):
     async def aclose(self) -> None:
         with contextlib.suppress(StallError):  # logged by the watchdog; the client closes later
             await self.watchdog.run("close", self.inner.aclose)
+
+    async def cpu_counters(self) -> CpuCounters:
+        await self.inner.start()  # a writer process is started before its CPU is first read
+        return await self.watchdog.run("read CPU counters", self.inner.cpu_counters)
 
     def describe(self) -> dict[str, Any]:
         return self.inner.describe()

@@ -37,6 +37,8 @@ CSV_COLUMNS = (
     "read_s",
     "checksum_s",
     "verify_s",
+    "checksum_cpu_s",
+    "verify_cpu_s",
     "latency_s",
     "t_acquire",
     "t_write_start",

@@ -75,6 +75,7 @@ def _stats(rs: list[Result]) -> dict[str, float]:
     tput = [r.throughput_bps for r in rs]
     dur = [r.wall_s for r in rs]
     io = [r.size_bytes / r.io_s if r.io_s > 0 else 0.0 for r in rs]
+    cpu = [c for r in rs if (c := r.cpu_s_per_gb) is not None]
     return {
         "runs": len(rs),
         "throughput_bps_mean": statistics.fmean(tput),
@@ -83,6 +84,7 @@ def _stats(rs: list[Result]) -> dict[str, float]:
         "duration_s_stdev": statistics.stdev(dur) if len(dur) > 1 else 0.0,
         "io_bps_mean": statistics.fmean(io),
         "io_bps_stdev": statistics.stdev(io) if len(io) > 1 else 0.0,
+        **({"cpu_s_per_gb_mean": statistics.fmean(cpu)} if cpu else {}),
     }
 
 

@@ -74,6 +74,9 @@ def main(conn: Connection, spec: ChildSpec) -> None:
     asyncio.run(_Server(conn, spec).serve())
 
 
+_KEEP_RELEASED = 64
+
+
 class _Server:
     def __init__(self, conn: Connection, spec: ChildSpec) -> None:
         self.conn = conn
@@ -84,6 +87,9 @@ class _Server:
         self.tasks: dict[int, set[asyncio.Task[None]]] = {}  # handle id → its requests in flight
         self.store = Store(spec.backend, BACKENDS[spec.backend], executor=self.executor, options=spec.options)
         self.sinks: dict[int, Sink] = {}
+        # storage-call CPU of handles released before their last CPU reading (a load reads
+        # it after closing the reader); read once, and only the latest few are kept
+        self.released_cpu: dict[int, float | None] = {}
 
     def sink(self, hid: int) -> Sink:
         return self.sinks[hid]
@@ -169,6 +175,9 @@ class _Server:
         sink = self.sinks.pop(hid, None)
         if sink is not None:
             await sink.aclose()
+            self.released_cpu[hid] = sink.storage_cpu.total if sink.storage_cpu is not None else None
+            while len(self.released_cpu) > _KEEP_RELEASED:
+                del self.released_cpu[next(iter(self.released_cpu))]
 
     async def do_open(self, hid: int, size: int) -> dict[str, Any]:
         sink = self.sink(hid)
@@ -235,6 +244,13 @@ class _Server:
 
     async def do_list(self, hid: int) -> list[str]:
         return await self.sink(hid).list_names()
+
+    async def do_cpu(self, hid: int) -> tuple[float, float | None]:
+        """This process's CPU seconds so far (all threads) and the handle's storage-call CPU."""
+        if hid in self.sinks:
+            tally = self.sinks[hid].storage_cpu
+            return time.process_time(), tally.total if tally is not None else None
+        return time.process_time(), self.released_cpu.pop(hid, None)
 
     async def do_describe(self, hid: int) -> dict[str, Any]:
         return self.sink(hid).describe()

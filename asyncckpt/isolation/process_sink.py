@@ -32,6 +32,7 @@ from typing import Any
 
 from .. import env
 from .._blocking import run_blocking
+from ..cpu import CpuCounters
 from ..errors import ConfigError, WriterProcessError
 from ..sinks import backend_class, make_sink, resolve_backend
 from ..sinks.base import Sink, SinkOptions
@@ -436,6 +437,12 @@ class ProcessSink(Sink):
         size = int(await self._call("size"))
         self._facts = await self._call("describe")  # what the HEAD learnt (ETag) for the load
         return size
+
+    async def cpu_counters(self) -> CpuCounters:
+        """The writer process's CPU so far and its storage calls' (the child measures both)."""
+        await self.start()  # started before its CPU is first read: start-up is not the save's
+        process, storage = await self._call("cpu")
+        return CpuCounters(writer_process=float(process), storage=None if storage is None else float(storage))
 
     async def delete(self) -> None:
         await self._call("delete")

@@ -12,6 +12,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..cpu import CpuCounters, CpuTally
 from ..errors import ConfigError
 from .store import Shared
 
@@ -50,6 +51,9 @@ class Sink(ABC):
         self, uri: str, *, executor: Executor, options: SinkOptions, store: Store | None = None
     ) -> None:
         self.committed = False  # set once complete() published the object (asyncckpt.commit)
+        #: CPU seconds of this handle's storage calls, measured in their threads; ``None`` for
+        #: sinks that do not measure it (their storage work is not reported as a stage)
+        self.storage_cpu: CpuTally | None = None
         self.uri = uri
         self.executor = executor
         self.options = options
@@ -113,6 +117,11 @@ class Sink(ABC):
     async def release_shared(self) -> None:
         if self._owns_shared:
             await self.shared.aclose()
+
+    async def cpu_counters(self) -> CpuCounters:
+        """Cumulative CPU counters, read at the start and the end of a save or load: the
+        storage calls' thread CPU, and (a writer process) the CPU of the process they run in."""
+        return CpuCounters(storage=self.storage_cpu.total if self.storage_cpu is not None else None)
 
     def describe(self) -> dict[str, Any]:
         """Facts for the run metadata: direct I/O engaged and why (not), part sizes, ...

@@ -15,15 +15,20 @@ import logging
 import mmap
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from .._blocking import run_blocking
+from ..cpu import CpuTally, thread_cpu_call
 from ..errors import ConfigError, DirectIOError, TargetNotFoundError, map_os_error
 from ..owner import parse_temp, temp_name
 from ..pool import buffer_address
 from .base import Sink
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 log = logging.getLogger("asyncckpt")
 
@@ -80,6 +85,9 @@ class FileSink(Sink):
         self._rreason = ""
         self._identity: dict[str, int] = {}
         self.stale_removed: list[str] = []  # temporaries of dead saves this save removed
+        self.storage_cpu = self._cpu = (
+            CpuTally()
+        )  # pwrite / pread thread CPU (a copy into or out of the kernel)
 
     @property
     def temp_path(self) -> Path | None:
@@ -145,7 +153,7 @@ class FileSink(Sink):
     async def open(self, size: int) -> None:
         self.check()
         try:
-            await run_blocking(self.executor, self._open_sync, size)
+            await run_blocking(self.executor, self._timed, self._open_sync, size)
         except OSError as exc:
             await self.abort()
             raise map_os_error(exc, f"create {str(self.path)!r}") from None
@@ -174,6 +182,19 @@ class FileSink(Sink):
             self._padded = True
         return time.perf_counter() - start
 
+    def _timed(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn`` (a storage call: open + fallocate, pwrite, fsync + rename, pread), its thread
+        CPU added to ``storage_cpu``."""
+        out, cpu = thread_cpu_call(fn, *args, **kwargs)
+        self._cpu.add(cpu)
+        return out
+
+    def _timed_write(self, offset: int, data: memoryview) -> float:
+        return self._timed(self._write_sync, offset, data)
+
+    def _timed_read(self, offset: int, buf: memoryview) -> int:
+        return self._timed(self._read_sync, offset, buf)
+
     def _drop_direct(self, reason: str) -> None:
         fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~_O_DIRECT)
         self.direct = False
@@ -182,7 +203,7 @@ class FileSink(Sink):
 
     async def write_part(self, offset: int, data: memoryview) -> float | None:
         try:
-            return await run_blocking(self.executor, self._write_sync, offset, data)
+            return await run_blocking(self.executor, self._timed_write, offset, data)
         except OSError as exc:
             raise map_os_error(exc, f"write {str(self.path)!r} at offset {offset}") from None
 
@@ -212,7 +233,7 @@ class FileSink(Sink):
 
     async def complete(self) -> dict[str, float]:
         try:
-            return await run_blocking(self.executor, self._complete_sync)
+            return await run_blocking(self.executor, self._timed, self._complete_sync)
         except OSError as exc:
             await self.abort()
             raise map_os_error(exc, f"finish {str(self.path)!r}") from None
@@ -274,7 +295,7 @@ class FileSink(Sink):
 
     async def open_read(self, *, defeat_cache: bool = True) -> None:
         try:
-            await run_blocking(self.executor, self._open_read_sync, defeat_cache)
+            await run_blocking(self.executor, self._timed, self._open_read_sync, defeat_cache)
         except OSError as exc:
             await run_blocking(self.executor, self._close_read_sync)
             raise map_os_error(exc, f"open {str(self.path)!r} for reading") from None
@@ -322,7 +343,7 @@ class FileSink(Sink):
 
     async def read_into(self, offset: int, buf: memoryview) -> int:
         try:
-            return await run_blocking(self.executor, self._read_sync, offset, buf)
+            return await run_blocking(self.executor, self._timed_read, offset, buf)
         except OSError as exc:
             raise map_os_error(exc, f"read {str(self.path)!r} at offset {offset}") from None
 

@@ -23,6 +23,9 @@ class Source(ABC):
     def __init__(self, total_size: int) -> None:
         self.total_size = total_size
         self.position = 0
+        #: CPU seconds of the fills so far, measured in the threads that did them
+        #: (:meth:`helper_cpu` adds threads a library runs of its own)
+        self.cpu_s = 0.0
 
     @abstractmethod
     async def fill(self, buf: memoryview, executor: Executor) -> tuple[int, float]:
@@ -35,6 +38,10 @@ class Source(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; idempotent."""
 
+    def helper_cpu(self) -> float:
+        """Cumulative CPU seconds of threads the generator library runs itself (0: none)."""
+        return 0.0
+
 
 class ThreadedSource(Source):
     """A source whose ``fill_sync`` is blocking work run in the owned executor."""
@@ -44,9 +51,12 @@ class ThreadedSource(Source):
         """Fill ``buf`` (blocking); return the bytes written."""
 
     def _timed_fill(self, buf: memoryview) -> tuple[int, float]:
+        cpu = time.thread_time() + self.helper_cpu()
         start = time.perf_counter()
         n = self.fill_sync(buf)
-        return n, time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.cpu_s += time.thread_time() + self.helper_cpu() - cpu  # one fill at a time: no race
+        return n, seconds
 
     async def fill(self, buf: memoryview, executor: Executor) -> tuple[int, float]:
         want = min(len(buf), self.total_size - self.position)

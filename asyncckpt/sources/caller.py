@@ -12,6 +12,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from .._blocking import run_blocking
+from ..cpu import thread_cpu_call
 from ..errors import ConfigError, IntegrityError
 from .base import Source
 
@@ -88,7 +89,8 @@ class CallerSource(Source):
             if take < _INLINE_COPY:
                 dst[:] = src  # tens of microseconds: cheaper than a thread hop
             else:
-                await run_blocking(executor, _copy, dst, src)
+                _, cpu = await run_blocking(executor, thread_cpu_call, _copy, dst, src)
+                self.cpu_s += cpu
             self._pending = self._pending[take:]
             filled += take
         self.position += filled

@@ -15,6 +15,7 @@ import os
 import threading
 from typing import Any
 
+from ..cpu import helper_cpu, register_helper_threads
 from ..env import export
 from ..errors import MissingDependencyError
 from .base import ThreadedSource
@@ -52,6 +53,7 @@ def _start_pool(threads: int) -> None:
         before = _thread_ids()
         dgen_py.Generator(size=4096, seed=0)
         new = _thread_ids() - before
+        register_helper_threads(new)  # fills run on these threads, not on the calling one
         # The pool adds its workers plus one helper thread (measured with DGEN_THREADS=1,2,5).
         started = len(new) - 1
         _pool_requested = threads
@@ -88,6 +90,9 @@ class DgenSource(ThreadedSource):
     def fill_sync(self, buf: memoryview) -> int:
         n: int = self._gen.fill_chunk(buf)
         return n
+
+    def helper_cpu(self) -> float:
+        return helper_cpu()
 
     def describe(self) -> dict[str, Any]:
         verified, requested = pool_threads()

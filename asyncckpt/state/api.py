@@ -435,7 +435,7 @@ class StateMixin(LoadsMixin):
                     sink.attach_arena(pool.arena)
                 pool.reset_stats()
                 executor = self._ensure_executor()
-                async with LoopMonitor(cfg.monitor_interval) as monitor:
+                async with LoopMonitor(cfg.monitor_interval, sink=sink) as monitor:
                     t0 = now()
                     ls.size = await sink.size()
                     if ls.size != header.size:
