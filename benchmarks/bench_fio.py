@@ -45,6 +45,7 @@ from _common import emit, ratio_verdict
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.config import CheckpointConfig
 from asyncckpt.errors import ConfigError
+from asyncckpt.results import RunResult
 from asyncckpt.sinks import backend_class
 from asyncckpt.units import parse_size
 
@@ -151,16 +152,19 @@ async def sweep(
 
 
 def pair_row(
-    i: int, op: str, fio_cfg: dict[str, Any], fio_first: bool, fio_bps: float, ours: float
+    i: int, op: str, fio_cfg: dict[str, Any], fio_first: bool, fio_bps: float, ours: RunResult
 ) -> dict[str, Any]:
     order = "first" if fio_first else "second"
+    rate = ours.throughput_bps
     return {
         "phase": f"pair {i + 1}",
         "op": op,
         "config": f"fio {fio_cfg['engine']} depth {fio_cfg['depth']} {order}",
         "fio_GBps": fio_bps / 1e9,
-        "asyncckpt_GBps": ours / 1e9,
-        "ratio": ours / fio_bps,
+        "asyncckpt_GBps": rate / 1e9,
+        "ratio": rate / fio_bps,
+        # what held asyncckpt back, from its own per-chunk records (Generation means the CPU)
+        "note": f"bottleneck {ours.bottleneck}, I/O {ours.io_bps / 1e9:.2f} GB/s",
     }
 
 
@@ -172,8 +176,8 @@ async def run(args: argparse.Namespace, binary: str, directory: Path) -> dict[st
     file_sink = backend_class("file")
     ckpt_path = directory / "asyncckpt.ckpt"
     rows: list[dict[str, Any]] = []
-    saves: list[float] = []
-    loads: list[float] = []
+    saves: list[RunResult] = []
+    loads: list[RunResult] = []
     fio_w: list[float] = []
     fio_r: list[float] = []
     facts: dict[str, Any] = {}
@@ -192,7 +196,7 @@ async def run(args: argparse.Namespace, binary: str, directory: Path) -> dict[st
 
         async def ckpt_save() -> None:
             unlink(ckpt_path)
-            saves.append((await ckpt.save(ckpt_path, args.size)).throughput_bps)
+            saves.append(await ckpt.save(ckpt_path, args.size))
 
         async def fio_load() -> None:
             fio_r.append(await fio.read(ckpt_path, br["engine"], br["depth"]))
@@ -201,7 +205,7 @@ async def run(args: argparse.Namespace, binary: str, directory: Path) -> dict[st
             if args.drop_caches:
                 drop_caches()
             result = await ckpt.load(ckpt_path)  # default verification (CRC32C), default readers
-            loads.append(result.throughput_bps)
+            loads.append(result)
             facts["reads_in_flight"] = result.metadata.max_in_flight
             facts["read_direct_io"] = result.metadata.direct_io_reason
 
@@ -214,8 +218,8 @@ async def run(args: argparse.Namespace, binary: str, directory: Path) -> dict[st
             rows.append(pair_row(i, "save", bw, fio_first, fio_w[-1], saves[-1]))
             rows.append(pair_row(i, "load", br, fio_first, fio_r[-1], loads[-1]))
     unlink(ckpt_path)
-    save_verdict = ratio_verdict([a / f for a, f in zip(saves, fio_w, strict=True)], TARGET)
-    load_verdict = ratio_verdict([a / f for a, f in zip(loads, fio_r, strict=True)], TARGET)
+    save_verdict = ratio_verdict([a.throughput_bps / f for a, f in zip(saves, fio_w, strict=True)], TARGET)
+    load_verdict = ratio_verdict([a.throughput_bps / f for a, f in zip(loads, fio_r, strict=True)], TARGET)
     for op, verdict in (("save", save_verdict), ("load", load_verdict)):
         low, high = verdict["ci95"]
         note = f"{verdict['verdict']} (target {verdict['target']})"
