@@ -22,17 +22,24 @@ from asyncckpt.sinks import SinkOptions, make_sink
 
 
 async def io_ceiling(ckpt: AsyncCheckpointer, uri: str, size: int) -> float:
-    """Write ``size`` bytes from pre-filled pool buffers straight through the sink."""
+    """Write ``size`` bytes from pre-filled pool buffers straight through the sink, with as
+    many writes in flight as the streaming save uses (the backend's default unless set)."""
     pool = await ckpt._ensure_pool()
     executor = ckpt._ensure_executor()
     cfg = ckpt.config
     sink = make_sink(uri, backend=None, executor=executor, options=SinkOptions(direct_io=cfg.direct_io))
+    in_flight = cfg.max_in_flight or min(sink.default_in_flight, cfg.num_buffers)
     buffers = pool.buffers
+    parts = iter(enumerate(range(0, size, cfg.chunk_size)))
+
+    async def writer() -> None:
+        for i, offset in parts:
+            n = min(cfg.chunk_size, size - offset)
+            await sink.write_part(offset, buffers[i % len(buffers)].view[:n])
+
     t0 = time.perf_counter()
     await sink.open(size)
-    for i, offset in enumerate(range(0, size, cfg.chunk_size)):
-        n = min(cfg.chunk_size, size - offset)
-        await sink.write_part(offset, buffers[i % len(buffers)].view[:n])
+    await asyncio.gather(*(writer() for _ in range(in_flight)))
     await sink.complete()
     elapsed = time.perf_counter() - t0
     await sink.aclose()

@@ -38,5 +38,11 @@ setup_swift() {
     apt_install swift swift-proxy swift-object swift-container swift-account memcached
 }
 
+# fio: the baseline of benchmarks/bench_fio.py (tests/test_bench_fio.py runs a small one)
+setup_fio() {
+    apt_install fio
+}
+
 setup_openmpi
 setup_swift
+setup_fio

@@ -68,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=choices(modes.BenchMethod), default="streaming")
     p.add_argument("--direct-io", choices=choices(modes.DirectIo), default="auto")
     p.add_argument("--no-fsync", action="store_true", help="skip fsync at close")
-    p.add_argument("--max-in-flight", type=int, default=None, help="writes in flight")
+    p.add_argument(
+        "--max-in-flight", type=int, default=None, help="writes in flight (default: the backend's; files 4)"
+    )
     p.add_argument("--backend", default=None, help="storage backend (default: from the URI)")
     p.add_argument("--part-size", type=_size("--part-size"), default=None, help="S3 part size (chunk size)")
     p.add_argument("--endpoint", default=None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL)")

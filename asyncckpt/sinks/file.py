@@ -67,7 +67,10 @@ class FileSink(Sink):
     """One checkpoint file."""
 
     backend = "file"
-    default_in_flight = 1  # measured: parallel O_DIRECT writers gave no gain on one device
+    # writes (and, for a load, reads) in flight: one left a quarter of the device unused
+    # against fio at depth 4; 4 of the pool's 8 buffers keep the device's queue full while
+    # the producer fills the other 4 (benchmarks/bench_fio.py, docs/benchmarks.md)
+    default_in_flight = 4
     supports_direct_io = True
 
     def __init__(self, uri: str, **kwargs: Any) -> None:

@@ -1,0 +1,102 @@
+"""The defaults reach the device (issue 12, goal 1): with no tuning at all, a save into a local
+file keeps several writes in flight and a load keeps several reads in flight.
+
+The defect this guards: the file backend's default was one write (and one read) in flight, so
+a user running the defaults left a quarter of the device unused (fio wanted depth 4).
+
+No timings and no mocks: a real ``AsyncCheckpointer()`` writes and reads a real file through
+the real file sink. Concurrency is observed from the per-chunk records the pipeline keeps
+(``t_write_start``/``t_write_end`` around each ``write_part``, ``t_read_start``/``t_read_end``
+around each ``read_into``, stamped on the event loop): the peak number of storage calls issued
+and not yet returned. The test arranges that the pipeline *can* have every call in flight at
+once, without depending on how fast anything runs:
+
+- save: the first chunks of caller data arrive in pieces below the caller source's inline-copy
+  threshold, so the producer fills and queues them in one step of the loop; every writer task
+  then takes one and issues its write in the next step, before any completion can be seen
+  (completions from worker threads reach the loop in a later step). Only the number of writer
+  tasks the defaults start decides the peak.
+- load: the reader issues reads while buffers and reader slots are free, in one step of the
+  loop; the same argument applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from asyncckpt import AsyncCheckpointer
+from asyncckpt.config import CheckpointConfig
+from asyncckpt.sinks import backend_class
+from asyncckpt.sinks.file import FileSink
+from asyncckpt.sources.caller import _INLINE_COPY
+
+# what the defaults must give for local files (docs/benchmarks.md, "Defaults reach the device")
+FILE_IN_FLIGHT = 4
+
+
+def peak_overlap(intervals: Sequence[tuple[float, float]]) -> int:
+    """Most intervals open at one instant (an end at the same stamp as a start closes first)."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    peak = level = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def caller_data(chunk: int, chunks: int, inline_chunks: int) -> Iterator[memoryview]:
+    """``chunks`` chunks of a byte pattern; the first ``inline_chunks`` in pieces small enough to
+    be copied on the loop (no thread hop: the producer queues them in one step), the rest whole
+    (copied in a worker thread, so the producer yields to the writers)."""
+    piece_size = _INLINE_COPY // 2
+    assert chunk % piece_size == 0
+    piece = memoryview(bytes(i % 251 for i in range(piece_size)))
+    whole = memoryview(bytes(piece) * (chunk // piece_size))
+    for index in range(chunks):
+        if index < inline_chunks:
+            for _ in range(chunk // piece_size):
+                yield piece
+        else:
+            yield whole
+
+
+def test_file_backend_default_is_several_in_flight() -> None:
+    assert backend_class("file") is FileSink
+    assert FileSink.default_in_flight == FILE_IN_FLIGHT
+    cfg = CheckpointConfig()
+    # each write in flight holds a buffer: the pool must leave the producer buffers to fill
+    assert cfg.max_in_flight is None
+    assert cfg.num_buffers >= 2 * FILE_IN_FLIGHT
+
+
+async def test_default_save_keeps_writes_in_flight(tmp_path: Path) -> None:
+    cfg = CheckpointConfig()
+    chunks = 2 * FILE_IN_FLIGHT
+    size = chunks * cfg.chunk_size
+    target = tmp_path / "defaults.ckpt"
+    async with AsyncCheckpointer() as ckpt:  # no tuning: the library's defaults
+        result = await ckpt.save(
+            target, size, data=caller_data(cfg.chunk_size, chunks, inline_chunks=FILE_IN_FLIGHT)
+        )
+    assert result.metadata.backend == "file"
+    assert result.metadata.max_in_flight == FILE_IN_FLIGHT
+    assert len(result.records) == chunks
+    writes = [(r.t_write_start, r.t_write_end) for r in result.records]
+    assert all(0 < start < end for start, end in writes)
+    assert peak_overlap(writes) == FILE_IN_FLIGHT
+    assert target.stat().st_size > size  # published: the data and its sealed manifest
+
+
+async def test_default_load_keeps_reads_in_flight(tmp_path: Path) -> None:
+    cfg = CheckpointConfig()
+    chunks = 2 * FILE_IN_FLIGHT
+    target = tmp_path / "defaults.ckpt"
+    async with AsyncCheckpointer() as ckpt:
+        await ckpt.save(target, chunks * cfg.chunk_size)
+        result = await ckpt.load(target)  # default verification, default readers
+    assert result.metadata.max_in_flight == FILE_IN_FLIGHT
+    assert len(result.records) == chunks
+    reads = [(r.t_read_start, r.t_read_end) for r in result.records]
+    assert all(0 < start < end for start, end in reads)
+    assert peak_overlap(reads) == FILE_IN_FLIGHT
