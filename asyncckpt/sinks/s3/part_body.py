@@ -9,9 +9,9 @@ event-loop thread under Python < 3.12.9, all into freshly allocated memory (page
    ``bytes`` (``data[n:]``, a copy);
 3. and appends the rest to its ``bytearray`` write buffer (``extend``, a copy).
 
-Measured with cProfile in a 512 MiB save against the discard endpoint: ≈ 0.6 s of 1.1 s wall
-went to ``join``, ``write`` and ``extend`` on the loop thread (and the loop lag p99 was
-≈ 70 ms). :class:`PartBody` instead writes the view in ``piece``-sized slices and lets the
+Measured with cProfile in a 512 MiB save against the discard endpoint (on the shared
+development machine): ≈ 0.6 s of 1.1 s wall went to ``join``, ``write`` and ``extend`` on the
+loop thread. :class:`PartBody` instead writes the view in ``piece``-sized slices and lets the
 next slice go only once the transport's buffer is empty (write-buffer high-water mark 0 for
 the duration of the body, restored after): each slice goes from the pool's memory straight
 into ``socket.send``; only what the socket did not take of one slice is buffered (copied).
@@ -42,8 +42,6 @@ class PartBody(Payload):
         super().__init__(view, content_type="application/octet-stream")
         self._size = view.nbytes
         self._piece = piece
-        #: bytes that went into the transport's own buffer (copied) instead of the socket
-        self.buffered = 0
 
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
         raise TypeError("a part body is binary data")
@@ -78,6 +76,5 @@ class PartBody(Payload):
         if transport is None or not isinstance(writer, StreamWriter):
             await writer.write(piece)
             return
-        await writer.write(piece, drain=False)
-        self.buffered += transport.get_write_buffer_size()  # what the socket did not take now
+        await writer.write(piece, drain=False)  # what the socket does not take now is buffered
         await writer.drain()  # until the transport's buffer is empty (high-water mark 0)
