@@ -8,6 +8,9 @@ Against moto the server is the bottleneck; by default this starts the discard en
     python benchmarks/bench_s3_backends.py --size 2GiB --part-size 32MiB --max-in-flight 4
     python benchmarks/bench_s3_backends.py --endpoint http://127.0.0.1:9000 --bucket b  # any S3
     python benchmarks/bench_s3_backends.py --repeat 3 --loop-lag none,process  # medians of rounds
+    python benchmarks/bench_s3_backends.py --pairs 5 --size 2GiB --options default,payload_signing,checksums
+        # aiobotocore only: alternating pre-filled ceilings vs asyncckpt saves, per option set,
+        # with CPU-s/GB (client and discard server) and the goal's ratio verdict (issue 12 goal 3)
 
 Prints a table and JSON (``--json FILE`` writes it too). Each backend runs in its own
 spawned process: s3dlio and the CRT configure their clients once per process. With
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import json
 import multiprocessing as mp
@@ -73,44 +77,79 @@ class Data:
             self.gen.fill_chunk(view)
 
 
-async def direct_aiobotocore(a: argparse.Namespace, data: Data) -> None:
+def aiobotocore_config(
+    a: argparse.Namespace, payload_signing: bool = False, checksums: str = "when_required"
+) -> Any:
+    """The client settings asyncckpt's aiobotocore sink uses (its defaults: unsigned, when_required)."""
     from aiobotocore.config import AioConfig
+
+    return AioConfig(
+        s3={"addressing_style": "path", "payload_signing_enabled": payload_signing},
+        request_checksum_calculation=checksums,
+        max_pool_connections=max(16, a.max_in_flight * 2),
+        parameter_validation=False,  # botocore's validator refuses memoryview and Payload bodies
+    )
+
+
+async def upload_aiobotocore(
+    a: argparse.Namespace, c: Any, data: Data, body: str = "bytes", key: str = "direct"
+) -> None:
+    """create → upload_part (``max_in_flight`` in flight) → complete.
+
+    ``body``: "bytes" hands botocore ``bytes(part)`` (the simplest correct code: one copy per
+    part, then aiohttp's own copies on the loop thread); "view" hands it what asyncckpt's sink
+    sends with the same settings (its zero-copy ``PartBody`` unless the payload is signed, and
+    a CRC32 computed in a worker thread when checksums are on).
+    """
+    import base64
+    import zlib
+
+    from asyncckpt.sinks.s3.part_body import PartBody
+
+    signed = bool(c.meta.config.s3 and c.meta.config.s3.get("payload_signing_enabled"))
+    crc = body == "view" and c.meta.config.request_checksum_calculation == "when_supported"
+    mpu = await c.create_multipart_upload(Bucket=a.bucket, Key=key)
+    window = asyncio.Semaphore(a.max_in_flight)
+    etags: dict[int, str] = {}
+
+    async def one(number: int, view: memoryview) -> None:
+        try:
+            payload: Any = bytes(view) if body == "bytes" else view if signed else PartBody(view)
+            extra: dict[str, str] = {}
+            if crc:
+                value = (await asyncio.to_thread(zlib.crc32, view)).to_bytes(4, "big")
+                extra = {"ChecksumAlgorithm": "CRC32", "ChecksumCRC32": base64.b64encode(value).decode()}
+            r = await c.upload_part(
+                Bucket=a.bucket,
+                Key=key,
+                UploadId=mpu["UploadId"],
+                PartNumber=number,
+                Body=payload,
+                ContentLength=len(view),
+                **extra,
+            )
+            etags[number] = r["ETag"]
+        finally:
+            window.release()
+
+    async with asyncio.TaskGroup() as tg:
+        for i, (_, n) in enumerate(chunks(a.size, a.part_size)):
+            await window.acquire()
+            view = await asyncio.to_thread(data.part, n)
+            tg.create_task(one(i + 1, view))
+    parts = [{"PartNumber": k, "ETag": etags[k]} for k in sorted(etags)]
+    await c.complete_multipart_upload(
+        Bucket=a.bucket, Key=key, UploadId=mpu["UploadId"], MultipartUpload={"Parts": parts}
+    )
+
+
+async def direct_aiobotocore(a: argparse.Namespace, data: Data) -> None:
     from aiobotocore.session import get_session
 
-    config = AioConfig(
-        s3={"addressing_style": "path", "payload_signing_enabled": False},
-        request_checksum_calculation="when_required",
-        max_pool_connections=max(16, a.max_in_flight * 2),
-    )
     async with get_session().create_client(
-        "s3", region_name="us-east-1", endpoint_url=a.endpoint, config=config
+        "s3", region_name="us-east-1", endpoint_url=a.endpoint, config=aiobotocore_config(a)
     ) as c:
-        mpu = await c.create_multipart_upload(Bucket=a.bucket, Key="direct")
-        window = asyncio.Semaphore(a.max_in_flight)
-        etags: dict[int, str] = {}
-
-        async def one(number: int, body: memoryview) -> None:
-            try:
-                r = await c.upload_part(
-                    Bucket=a.bucket,
-                    Key="direct",
-                    UploadId=mpu["UploadId"],
-                    PartNumber=number,
-                    Body=bytes(body),
-                )
-                etags[number] = r["ETag"]
-            finally:
-                window.release()
-
-        async with asyncio.TaskGroup() as tg:
-            for i, (_, n) in enumerate(chunks(a.size, a.part_size)):
-                await window.acquire()
-                body = await asyncio.to_thread(data.part, n)
-                tg.create_task(one(i + 1, body))
-        parts = [{"PartNumber": k, "ETag": etags[k]} for k in sorted(etags)]
-        await c.complete_multipart_upload(
-            Bucket=a.bucket, Key="direct", UploadId=mpu["UploadId"], MultipartUpload={"Parts": parts}
-        )
+        await upload_aiobotocore(a, c, data)
 
 
 def direct_s3dlio(a: argparse.Namespace, data: Data) -> None:
@@ -288,6 +327,128 @@ def run_backend(a: argparse.Namespace, backend: str) -> dict[str, Any]:
     return out
 
 
+#: asyncckpt aiobotocore backend options whose cost ``--pairs`` measures (name → options)
+OPTION_SETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "payload_signing": {"payload_signing": True},
+    "checksums": {"checksums": "when_supported"},
+    "signing+checksums": {"payload_signing": True, "checksums": "when_supported"},
+}
+KINDS = ("ceiling_bytes", "ceiling_view", "asyncckpt")
+
+
+def _cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0.0 when there is none)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def aiobotocore_pairs(a: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """Alternating runs, one process: per round and option set, the pre-filled ceiling with
+    ``bytes`` bodies, the pre-filled ceiling with asyncckpt's body, and an asyncckpt save (the
+    order rotates round by round). Clients and checkpointers are made (and warmed) first."""
+    from aiobotocore.session import get_session
+
+    _bench_environment(a)
+    names = a.options.split(",")
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    warm = argparse.Namespace(**{**vars(a), "size": a.part_size})
+    async with contextlib.AsyncExitStack() as stack:
+        clients: dict[str, Any] = {}
+        ckpts: dict[str, AsyncCheckpointer] = {}
+        for name in names:
+            o = OPTION_SETS[name]
+            config = aiobotocore_config(
+                a, o.get("payload_signing", False), o.get("checksums", "when_required")
+            )
+            clients[name] = await stack.enter_async_context(
+                get_session().create_client(
+                    "s3", region_name="us-east-1", endpoint_url=a.endpoint, config=config
+                )
+            )
+            options = {"endpoint_url": a.endpoint, "region": "us-east-1", "dotenv": False}
+            ckpts[name] = await stack.enter_async_context(
+                AsyncCheckpointer(
+                    chunk_size=a.part_size,
+                    num_buffers=a.max_in_flight + 2,
+                    max_in_flight=a.max_in_flight,
+                    backend="aiobotocore",
+                    backend_options={**options, "max_in_flight": a.max_in_flight, **o},
+                    seed=SEED,
+                    isolation="none",
+                )
+            )
+            await ckpts[name].save(f"s3://{a.bucket}/warmup", a.part_size)
+            await upload_aiobotocore(warm, clients[name], Data(a.part_size, a.part_size, True), key="warmup")
+        data = Data(a.size, a.part_size, prefilled=True)
+        for r in range(a.pairs):
+            for name in names:
+                row: dict[str, Any] = {"round": r, "options": name}
+                for kind in KINDS[r % 3 :] + KINDS[: r % 3]:  # who goes first rotates
+                    cpu0, srv0, t0 = time.process_time(), _cpu_s(a.server_pid), time.perf_counter()
+                    if kind == "asyncckpt":
+                        res = await ckpts[name].save(f"s3://{a.bucket}/asyncckpt", a.size)
+                        wall = res.wall_s
+                        row["asyncckpt_gen_s"] = res.gen_s
+                    else:
+                        body = kind.split("_")[1]
+                        await upload_aiobotocore(a, clients[name], data, body=body, key="ceiling")
+                        wall = time.perf_counter() - t0
+                    gb = a.size / 1e9
+                    row[f"{kind}_gbps"] = gb / wall
+                    row[f"{kind}_cpu_s_per_gb"] = (time.process_time() - cpu0) / gb
+                    row[f"{kind}_server_cpu_s_per_gb"] = (_cpu_s(a.server_pid) - srv0) / gb
+                runs[name].append(row)
+    return runs
+
+
+def run_pairs(a: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    return asyncio.run(aiobotocore_pairs(a))
+
+
+def report_pairs(a: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> None:
+    """Goal 3 of issue 12: asyncckpt's default aiobotocore save vs its pre-filled ceiling, and
+    what each option costs (medians over the rounds)."""
+    from _common import emit, ratio_verdict
+
+    med = statistics.median
+    default = runs.get("default")
+    rows = []
+    for name, rs in runs.items():
+        row: dict[str, Any] = {"options": name}
+        for kind in KINDS:
+            row[f"{kind} GB/s"] = med(r[f"{kind}_gbps"] for r in rs)
+            row[f"{kind} CPU-s/GB"] = med(r[f"{kind}_cpu_s_per_gb"] for r in rs)
+        row["server CPU-s/GB (asyncckpt)"] = med(r["asyncckpt_server_cpu_s_per_gb"] for r in rs)
+        row["vs ceiling_bytes"] = med(r["asyncckpt_gbps"] / r["ceiling_bytes_gbps"] for r in rs)
+        row["vs ceiling_view"] = med(r["asyncckpt_gbps"] / r["ceiling_view_gbps"] for r in rs)
+        if default is not None:
+            row["vs default save"] = med(r["asyncckpt_gbps"] for r in rs) / med(
+                d["asyncckpt_gbps"] for d in default
+            )
+        rows.append(row)
+    extra: dict[str, Any] = {
+        "size": a.size,
+        "part_size": a.part_size,
+        "max_in_flight": a.max_in_flight,
+        "endpoint": a.endpoint,
+        "pairs": a.pairs,
+        "runs": runs,
+    }
+    if default is not None and len(default) >= 5:
+        for ceiling in ("ceiling_bytes", "ceiling_view"):
+            ratios = [r["asyncckpt_gbps"] / r[f"{ceiling}_gbps"] for r in default]
+            extra[f"verdict_vs_{ceiling}"] = verdict = ratio_verdict(ratios, 0.90)
+            print(
+                f"default save vs {ceiling}: median {verdict['median_ratio']}, 95 % CI {verdict['ci95']}, "
+                f"target {verdict['target']}: {verdict['verdict']}"
+            )
+    headers = ["options"] + [h for h in rows[0] if h != "options"] if rows else []
+    emit("s3_aiobotocore_pairs", rows, headers, extra)
+
+
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-field medians of one backend's rounds (text fields from the median-speed round)."""
     by_speed = sorted(runs, key=lambda r: r["asyncckpt_gbps"])
@@ -310,7 +471,15 @@ def main() -> None:
     p.add_argument(
         "--loop-lag", default="", help="comma list of isolation modes (none,process): loop lag and RSS"
     )
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="aiobotocore only: N alternating rounds of pre-filled ceiling vs asyncckpt save per option set",
+    )
+    p.add_argument("--options", default="default", help=f"option sets for --pairs: {','.join(OPTION_SETS)}")
     a = p.parse_args()
+    a.server_pid = None
     a.size, a.part_size = parse_size(a.size, name="--size"), parse_size(a.part_size, name="--part-size")
     server = None
     if a.endpoint is None:
@@ -318,7 +487,12 @@ def main() -> None:
         server = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
         assert server.stdout is not None
         a.endpoint = server.stdout.readline().split()[1]
+        a.server_pid = server.pid  # a separate process: its CPU time is reported apart
     try:
+        if a.pairs:
+            with mp.get_context("spawn").Pool(1) as pool:
+                report_pairs(a, pool.apply(run_pairs, (a,)))
+            return
         ctx = mp.get_context("spawn")
         backends = []
         for backend in a.backends.split(","):

@@ -61,6 +61,7 @@ class FaultyFront:
         self.on_spoil = on_spoil  # called as a request is spoiled, before anything is sent
         self.spoiled: list[str] = []  # request lines that were spoiled
         self.matched: list[str] = []  # every matching request line seen
+        self.heads: list[str] = []  # the head (request line and headers) of each of them
         self.active = 0  # matching requests whose body is being relayed now
         self.peak = 0  # the most there ever were at once
         self.connections = 0  # TCP connections clients opened to the relay
@@ -104,6 +105,7 @@ class FaultyFront:
                 length = int(m.group(1)) if (m := re.search(r"content-length:\s*(\d+)", low)) else 0
                 if self.match(line):
                     self.matched.append(line)
+                    self.heads.append(text)
                     if self.left > 0:
                         self.left -= 1
                         self.spoiled.append(line)

@@ -12,6 +12,13 @@ the :class:`EndpointRouter` (strategy, failover to another endpoint, per-endpoin
 create/complete/abort/HEAD/DELETE go to one endpoint, the next one when it is unreachable.
 With one endpoint none of this runs.
 
+A part goes from the pool's memory to the socket without a copy: the body is a
+:class:`~.part_body.PartBody` (aiohttp would otherwise copy a plain ``memoryview`` up to three
+times on the event-loop thread, see ``part_body.py``). The options keep the request botocore
+would send: ``payload_signing`` hands botocore the ``memoryview`` to hash (SHA-256 on the loop
+thread, by botocore), ``checksums="when_supported"`` sends the CRC32 botocore would add, but
+computed in a worker thread and given as ``ChecksumCRC32`` (botocore then skips its own).
+
 Retries are asyncckpt's, never botocore's (see ``_retries``): botocore must rewind a body to
 resend it, and the pool's memoryview (zero-copy) cannot be rewound. A transient failure
 (connection reset or refused, timeout, 5xx, throttling) is retried as a fresh request with the
@@ -21,9 +28,11 @@ same buffer: on another endpoint by the router, or on the one endpoint by ``_ret
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import random
 import threading
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -38,6 +47,8 @@ try:
     from aiobotocore.config import AioConfig
     from aiobotocore.session import AioSession, get_session
     from botocore.exceptions import ClientError, EndpointConnectionError
+
+    from .part_body import PartBody
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise MissingDependencyError("aiobotocore", "aiobotocore", "backend 'aiobotocore' (s3://)") from exc
 
@@ -223,11 +234,20 @@ class AiobotocoreSink(MultipartSink):
         return str(response["UploadId"])
 
     async def _upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
-        # botocore's CRC32 (checksums="when_supported") treats any non-bytes body as a file;
-        # that option hashes every byte on the loop thread anyway, so one copy costs little
-        payload: memoryview | bytes = bytes(body) if self.settings.checksums == "when_supported" else body
+        args: dict[str, Any] = {"UploadId": upload_id, "PartNumber": number, "ContentLength": body.nbytes}
+        if self.settings.checksums == "when_supported":
+            # the CRC32 botocore would add, computed in a worker thread (zlib releases the GIL)
+            # rather than by botocore on the event-loop thread; a header already present makes
+            # botocore skip its own, so the request is the same and the body stays zero-copy
+            crc = await run_blocking(self.executor, zlib.crc32, body)
+            args.update(
+                ChecksumAlgorithm="CRC32", ChecksumCRC32=base64.b64encode(crc.to_bytes(4, "big")).decode()
+            )
+        signed = self.settings.payload_signing
         response = await self._routed(
-            lambda url: self._raw(url, "upload_part", UploadId=upload_id, PartNumber=number, Body=payload),
+            # a fresh body per attempt; SHA-256 payload signing needs a bytes-like body (botocore
+            # hashes it on the loop thread, the cost the option is measured with)
+            lambda url: self._raw(url, "upload_part", Body=body if signed else PartBody(body), **args),
             len(body),
         )
         return str(response["ETag"])
