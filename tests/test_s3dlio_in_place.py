@@ -50,6 +50,8 @@ async def test_s3dlio_synthetic_save_generates_in_place_without_a_copy(s3_env: S
         # the manifest) was copied in, as one small write behind the data
         raw = await stored(s3_env, bucket, "synthetic.bin")
         assert extra["generated_in_library_bytes"] == SIZE
+        generator = extra["generated_in_library_by"]  # dgen-py ran in the writer process
+        assert generator["pid"] == extra["writer_pid"] and generator["seed"] == SEED
         assert extra["copied_into_library_bytes"] == len(raw) - SIZE < CHUNK
         want = await asyncio.to_thread(expected_bytes, SIZE, CHUNK, SEED)
         assert await asyncio.to_thread(checkpoint_data, raw) == want
@@ -71,7 +73,7 @@ async def test_s3dlio_caller_data_is_copied_once_into_s3dlio(s3_env: S3Endpoint)
         raw = await stored(s3_env, bucket, "caller.bin")
         assert extra["isolation"] == "process", extra
         # the documented copy: every byte (data and footer) copied into reserve()d memory
-        assert extra["generated_in_library_bytes"] == 0
+        assert extra["generated_in_library_bytes"] == 0 and "generated_in_library_by" not in extra
         assert extra["copied_into_library_bytes"] == len(raw)
         assert await asyncio.to_thread(checkpoint_data, raw) == data
         loaded = await ckpt.load(uri, verify="checksum")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import time
 from abc import abstractmethod
 from typing import Any, ClassVar
@@ -132,6 +133,7 @@ class AppendSink(S3SinkBase):
         #: bytes copied into the library's memory (``_append``) / generated there (``_generate``)
         self.copied_bytes = 0
         self.generated_bytes = 0
+        self._generator_facts: dict[str, Any] | None = None
 
     @abstractmethod
     async def _open_stream(self) -> Any:
@@ -176,6 +178,7 @@ class AppendSink(S3SinkBase):
         if not self.generates_in_place or self.single_put or self._stream is None or self._order.next:
             return False
         self._generator = await run_blocking(self.executor, spec.make)  # starts dgen's pool here
+        self._generator_facts = {**self._generator.describe(), "pid": os.getpid()}
         return True
 
     async def write_generated(self, offset: int, nbytes: int) -> InPlaceWrite:
@@ -222,6 +225,8 @@ class AppendSink(S3SinkBase):
         # library by a copy into its memory vs bytes generated there
         out["copied_into_library_bytes"] = self.copied_bytes
         out["generated_in_library_bytes"] = self.generated_bytes
+        if self._generator_facts is not None:  # the generator that ran here (its own thread pool)
+            out["generated_in_library_by"] = self._generator_facts
         return out
 
     async def abort(self) -> None:
