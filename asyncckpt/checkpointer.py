@@ -20,7 +20,7 @@ from .load_api import LoadsMixin
 from .manifest import manifest_uri
 from .metrics import label_chunks
 from .monitor import LoopMonitor, now
-from .pipeline import PipelineTimes, ProgressFn, stream, write_preallocated
+from .pipeline import PipelineTimes, ProgressFn, stream, stream_in_place, write_preallocated
 from .pool import BufferPool
 from .results import RunSetup, SaveResult
 from .runinfo import run_fields
@@ -299,7 +299,20 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
             await sink.open(size if sealer is None else sealer.seal.object_size)
             t_open = now()
             try:
-                if pool is not None:
+                # synthetic data whose sink can generate it in its library's memory (s3dlio's
+                # reserve(), in the writer process by default) skips the pool and its copy
+                spec = source.gen_spec() if pool is not None and expect_crc32c is None else None
+                if spec is not None and await sink.begin_generation(spec):
+                    times = await stream_in_place(
+                        sink,
+                        total=size,
+                        chunk_size=self.config.chunk_size,
+                        max_in_flight=in_flight,
+                        progress=progress,
+                        sealer=sealer,
+                    )
+                    gen_s = sum(r.fill_s for r in times.records)
+                elif pool is not None:
                     times = await stream(
                         source,
                         sink,

@@ -204,6 +204,55 @@ async def stream(
     return out
 
 
+async def stream_in_place(
+    sink: Sink,
+    *,
+    total: int,
+    chunk_size: int,
+    max_in_flight: int,
+    progress: ProgressFn | None = None,
+    sealer: Sealer | None = None,
+) -> PipelineTimes:
+    """Move ``total`` synthetic bytes whose chunks the sink generates itself, in memory its
+    client library owns (after ``sink.begin_generation`` said yes): no pool buffer, no copy.
+
+    ``max_in_flight`` requests are kept outstanding so the sink (a writer process) always has
+    the next chunk to make; it makes them in offset order, the generator's order. Each record
+    carries the times measured where the work ran: generation as ``fill_s``, the CRC32C of
+    the bytes handed over as ``checksum_s``, the library's own calls as ``write_s`` (and the
+    write interval is that last part of the request, so generation never counts as I/O).
+    With a ``sealer`` the footer follows the data as one small (copied) write.
+    """
+    out = PipelineTimes(start=now())
+    pending = iter(enumerate(range(0, total, chunk_size)))
+    failures = FirstFailure()
+
+    async def writer() -> None:
+        for index, offset in pending:  # shared: each writer takes the next chunk in order
+            rec = ChunkRecord(index, offset, min(chunk_size, total - offset), t_acquire=now())
+            out.records.append(rec)
+            done = await failures.watch(sink.write_generated(offset, rec.nbytes))
+            rec.t_write_end = now()
+            rec.fill_s, rec.write_s = done.fill_s, done.write_s
+            rec.checksum, rec.checksum_s = done.checksum, done.checksum_s
+            rec.t_write_start = rec.t_write_end - rec.write_s
+            if progress is not None:
+                notify_progress(progress, rec)
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for i in range(max_in_flight):
+                tg.create_task(failures.watch(writer()), name=f"asyncckpt-writer-{i}")
+    except BaseExceptionGroup as group:
+        raise failures.cause(group) from None
+    out.records.sort(key=lambda r: r.index)
+    if sealer is not None:
+        footer = sealer.footer(out.records)
+        await _write_copy(sink, total, bytes(align_up(total) - total) + footer)
+    out.end = now()
+    return out
+
+
 async def _write_copy(sink: Sink, offset: int, data: bytes) -> float | None:
     """Write ``data`` from a page-aligned copy (O_DIRECT needs one)."""
     arena = mmap.mmap(-1, max(len(data), 1))

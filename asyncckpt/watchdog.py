@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 from .cpu import CpuCounters
 from .errors import StallError
 from .isolation.process_sink import ProcessSink
-from .sinks.base import Sink
+from .sinks.base import InPlaceWrite, Sink
+from .sources.base import GenSpec
 
 T = TypeVar("T")
 log = logging.getLogger("asyncckpt")
@@ -167,6 +168,14 @@ class WatchedSink(Sink):
         part = offset // (self.options.chunk_size or max(len(data), 1)) + 1
         stage = f"write part {part} (offset {offset}, {len(data)} bytes)"
         return await self.watchdog.run(stage, lambda: self.inner.write_part(offset, data))
+
+    async def begin_generation(self, spec: GenSpec) -> bool:
+        return await self.watchdog.run("start generating", lambda: self.inner.begin_generation(spec))
+
+    async def write_generated(self, offset: int, nbytes: int) -> InPlaceWrite:
+        part = offset // (self.options.chunk_size or max(nbytes, 1)) + 1
+        stage = f"write part {part} (offset {offset}, {nbytes} bytes, generated in place)"
+        return await self.watchdog.run(stage, lambda: self.inner.write_generated(offset, nbytes))
 
     async def complete(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         return await self.watchdog.run("complete", lambda: self.inner.complete(*args, **kwargs))

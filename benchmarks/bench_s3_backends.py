@@ -8,9 +8,20 @@ Against moto the server is the bottleneck; by default this starts the discard en
     python benchmarks/bench_s3_backends.py --size 2GiB --part-size 32MiB --max-in-flight 4
     python benchmarks/bench_s3_backends.py --endpoint http://127.0.0.1:9000 --bucket b  # any S3
     python benchmarks/bench_s3_backends.py --repeat 3 --loop-lag none,process  # medians of rounds
-    python benchmarks/bench_s3_backends.py --pairs 5 --size 2GiB --options default,payload_signing,checksums
+    python benchmarks/bench_s3_backends.py --pairs 5 --backends aiobotocore --size 2GiB \
+        --options default,payload_signing,checksums
         # aiobotocore only: alternating pre-filled ceilings vs asyncckpt saves, per option set,
         # with CPU-s/GB (client and discard server) and the goal's ratio verdict (issue 12 goal 3)
+    python benchmarks/bench_s3_backends.py --pairs 7 --backends s3dlio --size 2GiB --part-size 32MiB  # goal 2
+
+``--pairs N`` (issue 12, goal 2) runs N alternating pairs of s3dlio used directly (generating
+into ``reserve()``d memory) and asyncckpt's s3dlio save *in the default mode* (a writer
+process; synthetic chunks generated in s3dlio's memory there), each run in a fresh process,
+the order swapped every pair; it prints the per-pair ratios, their median and bootstrap
+interval and the verdict against 0.97 (``_common.ratio_verdict``), as a table and one JSON
+document. ``--caller-data`` adds to each pair a default-mode save of caller bytes (``data=``,
+which keeps its copies: into the shared pool, then into s3dlio's memory) and the direct
+ceiling (s3dlio fed by copying a pre-filled buffer into ``reserve()``), reported beside it.
 
 Prints a table and JSON (``--json FILE`` writes it too). Each backend runs in its own
 spawned process: s3dlio and the CRT configure their clients once per process. With
@@ -40,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import dgen_py
+from _common import emit, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.report import format_table
@@ -449,6 +461,111 @@ def report_pairs(a: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -
     emit("s3_aiobotocore_pairs", rows, headers, extra)
 
 
+def run_direct(a: argparse.Namespace, backend: str, prefilled: bool) -> float:
+    """One direct run (after a one-part warm-up) in this fresh process; returns GB/s."""
+    _bench_environment(a)
+    fn = DIRECT[backend]
+    warm = argparse.Namespace(**{**vars(a), "size": a.part_size})
+    for args, timed in ((warm, False), (a, True)):
+        data = Data(args.size, a.part_size, prefilled or not timed)
+        t0 = time.perf_counter()
+        if asyncio.iscoroutinefunction(fn):
+            asyncio.run(fn(args, data))
+        else:
+            fn(args, data)
+        elapsed = time.perf_counter() - t0
+    return a.size / elapsed / 1e9
+
+
+async def default_save(a: argparse.Namespace, backend: str, caller: bool) -> dict[str, Any]:
+    """One asyncckpt save in the default mode (isolation and in-flight left to asyncckpt; part
+    size and the library's own parts in flight as the direct run's), after a warm-up save."""
+    data = None
+    if caller:  # the caller's bytes, in memory before the save (not timed)
+        buf = bytearray(a.size)
+        await asyncio.to_thread(dgen_py.Generator(size=a.size, seed=SEED).fill_chunk, memoryview(buf))
+        data = bytes(buf)
+        del buf
+    options = {"endpoint_url": a.endpoint, "region": "us-east-1", "dotenv": False}
+    async with AsyncCheckpointer(
+        chunk_size=a.part_size,
+        backend=backend,
+        backend_options={**options, "max_in_flight": a.max_in_flight},
+        seed=SEED,
+    ) as ckpt:
+        await ckpt.save(f"s3://{a.bucket}/warmup", a.part_size)  # writer process, client setup
+        r = await ckpt.save(f"s3://{a.bucket}/asyncckpt", a.size, data=data)
+    extra = r.metadata.extra
+    return {
+        "gbps": a.size / r.wall_s / 1e9,
+        "gen_s": r.gen_s,
+        "bottleneck": r.bottleneck,
+        "isolation": extra.get("isolation"),
+        "copied_into_library_bytes": extra.get("copied_into_library_bytes"),
+        "generated_in_library_bytes": extra.get("generated_in_library_bytes"),
+    }
+
+
+def run_default_save(a: argparse.Namespace, backend: str, caller: bool) -> dict[str, Any]:
+    _bench_environment(a)
+    return asyncio.run(default_save(a, backend, caller))
+
+
+def pairs(a: argparse.Namespace, backend: str) -> None:
+    """``--pairs``: alternating pairs direct vs asyncckpt default mode; ratio verdict vs 0.97."""
+    ctx = mp.get_context("spawn")
+
+    def fresh(fn: Any, *args: Any) -> Any:
+        # a fresh (non-daemonic) process per run: s3dlio configures once per process, and the
+        # default mode starts a writer process of its own
+        with ProcessPoolExecutor(1, mp_context=ctx) as ex:
+            return ex.submit(fn, a, backend, *args).result()
+
+    rows: list[dict[str, Any]] = []
+    for i in range(a.pairs):
+        order = ("direct", "asyncckpt") if i % 2 == 0 else ("asyncckpt", "direct")
+        row: dict[str, Any] = {"pair": i + 1, "order": " then ".join(order)}
+        for which in order:
+            if which == "direct":
+                row["direct_gbps"] = fresh(run_direct, False)
+            else:
+                got = fresh(run_default_save, False)
+                row["asyncckpt_gbps"] = got.pop("gbps")
+                row.update({f"asyncckpt_{k}": v for k, v in got.items()})
+        row["ratio"] = row["asyncckpt_gbps"] / row["direct_gbps"]
+        if a.caller_data:
+            row["ceiling_gbps"] = fresh(run_direct, True)
+            got = fresh(run_default_save, True)
+            row["caller_gbps"] = got.pop("gbps")
+            row.update({f"caller_{k}": v for k, v in got.items()})
+            row["caller_vs_direct"] = row["caller_gbps"] / row["direct_gbps"]
+            row["caller_vs_ceiling"] = row["caller_gbps"] / row["ceiling_gbps"]
+        rows.append(row)
+        print(f"pair {row['pair']}: ratio {row['ratio']:.3f}", file=sys.stderr)
+    headers = ["pair", "order", "direct_gbps", "asyncckpt_gbps", "ratio", "asyncckpt_bottleneck"]
+    if a.caller_data:
+        headers += ["ceiling_gbps", "caller_gbps", "caller_vs_direct", "caller_vs_ceiling"]
+    extra: dict[str, Any] = {
+        "backend": backend,
+        "size": a.size,
+        "part_size": a.part_size,
+        "max_in_flight": a.max_in_flight,
+        "endpoint": a.endpoint,
+        "verdict": ratio_verdict([r["ratio"] for r in rows], 0.97),
+    }
+    if a.caller_data:
+        extra["caller_vs_direct_median"] = statistics.median(r["caller_vs_direct"] for r in rows)
+        extra["caller_vs_ceiling_median"] = statistics.median(r["caller_vs_ceiling"] for r in rows)
+    print(
+        f"{backend}: asyncckpt default mode vs the library used directly, {a.size / 2**30:.3f} GiB, "
+        f"parts {a.part_size / 2**20:.0f} MiB, {a.max_in_flight} in flight, {a.endpoint}"
+    )
+    verdict = extra["verdict"]
+    ci = verdict["ci95"]
+    print(f"median ratio {verdict['median_ratio']}, 95 % CI {ci}: {verdict['verdict']} (>= 0.97)")
+    emit("s3_default_vs_direct", rows, headers, extra)
+
+
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-field medians of one backend's rounds (text fields from the median-speed round)."""
     by_speed = sorted(runs, key=lambda r: r["asyncckpt_gbps"])
@@ -475,12 +592,22 @@ def main() -> None:
         "--pairs",
         type=int,
         default=0,
-        help="aiobotocore only: N alternating rounds of pre-filled ceiling vs asyncckpt save per option set",
+        help="N >= 5 alternating rounds, one backend: aiobotocore = pre-filled ceilings vs "
+        "asyncckpt saves per option set (goal 3); any other = the library used directly vs "
+        "asyncckpt's default mode (goal 2)",
     )
-    p.add_argument("--options", default="default", help=f"option sets for --pairs: {','.join(OPTION_SETS)}")
+    p.add_argument(
+        "--options", default="default", help=f"aiobotocore option sets for --pairs: {','.join(OPTION_SETS)}"
+    )
+    p.add_argument("--caller-data", action="store_true", help="with --pairs: also save caller data (data=)")
     a = p.parse_args()
     a.server_pid = None
     a.size, a.part_size = parse_size(a.size, name="--size"), parse_size(a.part_size, name="--part-size")
+    if a.pairs:
+        if a.pairs < 5:
+            p.error("--pairs needs at least 5 pairs for a verdict")
+        if "," in a.backends:
+            p.error("--pairs takes one backend: --backends aiobotocore (goal 3) or s3dlio (goal 2)")
     server = None
     if a.endpoint is None:
         script = Path(__file__).with_name("s3_discard_server.py")
@@ -489,9 +616,12 @@ def main() -> None:
         a.endpoint = server.stdout.readline().split()[1]
         a.server_pid = server.pid  # a separate process: its CPU time is reported apart
     try:
-        if a.pairs:
+        if a.pairs and a.backends == "aiobotocore":
             with mp.get_context("spawn").Pool(1) as pool:
                 report_pairs(a, pool.apply(run_pairs, (a,)))
+            return
+        if a.pairs:
+            pairs(a, a.backends)
             return
         ctx = mp.get_context("spawn")
         backends = []

@@ -24,8 +24,9 @@ from typing import Any
 
 from .._blocking import Offload
 from ..sinks import BACKENDS, backend_class
-from ..sinks.base import Sink, SinkOptions
+from ..sinks.base import InPlaceWrite, Sink, SinkOptions
 from ..sinks.store import Store
+from ..sources.base import GenSpec
 from .shm import SharedArena
 
 Packed = tuple[str, Any, str]
@@ -207,6 +208,12 @@ class _Server:
         start = time.perf_counter()
         inner = await self.sink(hid).write_part(offset, view)
         return inner if inner is not None else time.perf_counter() - start
+
+    async def do_begin_generation(self, hid: int, spec: GenSpec) -> bool:
+        return await self.sink(hid).begin_generation(spec)
+
+    async def do_write_generated(self, hid: int, offset: int, nbytes: int) -> InPlaceWrite:
+        return await self.sink(hid).write_generated(offset, nbytes)
 
     async def do_complete(self, hid: int) -> tuple[dict[str, float], dict[str, Any]]:
         timings = await self.sink(hid).complete()

@@ -35,7 +35,8 @@ from .._blocking import run_blocking
 from ..cpu import CpuCounters
 from ..errors import ConfigError, WriterProcessError
 from ..sinks import backend_class, make_sink, resolve_backend
-from ..sinks.base import Sink, SinkOptions
+from ..sinks.base import InPlaceWrite, Sink, SinkOptions
+from ..sources.base import GenSpec
 from . import child
 from ._proc import exit_text, preload_in_forkserver, reap, start_process
 from .policy import LOCAL_BACKENDS, WriterPolicy
@@ -403,6 +404,15 @@ class ProcessSink(Sink):
         if at is not None:
             return float(await self._call("write", offset, at, data.nbytes))
         return float(await self._call("write_inline", offset, bytes(data)))
+
+    async def begin_generation(self, spec: GenSpec) -> bool:
+        """Ask the child's handle to generate the chunks itself (the generator then runs in
+        the writer process, in the client library's memory); nothing travels but offsets."""
+        return bool(await self._call("begin_generation", spec))
+
+    async def write_generated(self, offset: int, nbytes: int) -> InPlaceWrite:
+        done: InPlaceWrite = await self._call("write_generated", offset, nbytes)
+        return done
 
     async def complete(self) -> dict[str, float]:
         timings, self._facts = await self._call("complete")

@@ -17,7 +17,21 @@ from ..errors import ConfigError
 from .store import Shared
 
 if TYPE_CHECKING:
+    from ..sources.base import GenSpec
     from .store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class InPlaceWrite:
+    """One chunk generated straight into a client library's memory and handed to it, timed
+    where it happened (in a writer process, when isolated): ``fill_s`` the generation,
+    ``checksum_s`` the CRC32C of the bytes as they went up, ``write_s`` the library's own
+    calls (reserving its memory and committing the chunk, where its back-pressure shows)."""
+
+    fill_s: float
+    write_s: float
+    checksum: int
+    checksum_s: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +97,18 @@ class Sink(ABC):
     @abstractmethod
     async def abort(self) -> None:
         """Discard a write in progress; idempotent; never raises for cleanup failures."""
+
+    async def begin_generation(self, spec: GenSpec) -> bool:
+        """After ``open``: whether this handle will generate the object's chunks itself, in
+        memory its client library owns (``write_generated``), from ``spec``. The default: no,
+        chunks arrive filled through ``write_part``."""
+        del spec
+        return False
+
+    async def write_generated(self, offset: int, nbytes: int) -> InPlaceWrite:
+        """Generate the next ``nbytes`` at ``offset`` in place and write them (only after
+        ``begin_generation`` said yes; offsets in order, as the generator's stream is)."""
+        raise NotImplementedError(f"backend {self.backend!r} does not generate in place")
 
     async def open_read(self, *, defeat_cache: bool = True) -> None:  # noqa: B027 - optional hook
         """Prepare for a series of ``read_into`` calls (a load); released by ``aclose``.

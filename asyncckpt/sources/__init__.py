@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..modes import Generator, choices
-from .base import Source, ThreadedSource, fill_sequentially
+from .base import GenSpec, Source, ThreadedSource, fill_sequentially
 from .caller import CallerData, CallerSource
 from .dgen import DgenSource, pool_threads
 from .numpy_gen import NumpySource
@@ -27,6 +27,7 @@ __all__ = [
     "CallerData",
     "CallerSource",
     "DgenSource",
+    "GenSpec",
     "NumpySource",
     "Source",
     "ThreadedSource",

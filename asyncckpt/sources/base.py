@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
 from .._blocking import run_blocking
@@ -41,6 +42,30 @@ class Source(ABC):
     def helper_cpu(self) -> float:
         """Cumulative CPU seconds of threads the generator library runs itself (0: none)."""
         return 0.0
+
+    def gen_spec(self) -> GenSpec | None:
+        """How to regenerate this source's byte stream elsewhere (a writer process that
+        generates straight into a client library's memory), or None if it cannot be."""
+        return None
+
+
+@dataclass(frozen=True)
+class GenSpec:
+    """A picklable recipe for a fresh synthetic source: the same bytes wherever it runs, as
+    long as it is filled with the same chunk sizes in the same order."""
+
+    generator: str
+    total_size: int
+    seed: int
+    threads: int
+
+    def make(self) -> ThreadedSource:
+        """A fresh source at position 0 (in the calling process: starts its thread pool)."""
+        if self.generator != "dgen":
+            raise ValueError(f"no in-place recipe for generator {self.generator!r}")
+        from .dgen import DgenSource  # here: dgen imports this module
+
+        return DgenSource(self.total_size, seed=self.seed, threads=self.threads)
 
 
 class ThreadedSource(Source):

@@ -18,7 +18,7 @@ from typing import Any
 from ..cpu import helper_cpu, register_helper_threads
 from ..env import export
 from ..errors import MissingDependencyError
-from .base import ThreadedSource
+from .base import GenSpec, ThreadedSource
 
 log = logging.getLogger("asyncckpt")
 
@@ -85,7 +85,13 @@ class DgenSource(ThreadedSource):
         super().__init__(total_size)
         _start_pool(threads)
         self.seed = seed
+        self.threads = threads
         self._gen = _import_dgen().Generator(size=max(total_size, 1), seed=seed)
+
+    def gen_spec(self) -> GenSpec | None:
+        if self.position:  # a recipe replays the stream from its start only
+            return None
+        return GenSpec("dgen", self.total_size, self.seed, self.threads)
 
     def fill_sync(self, buf: memoryview) -> int:
         n: int = self._gen.fill_chunk(buf)

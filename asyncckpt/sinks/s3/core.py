@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import time
 from abc import abstractmethod
 from typing import Any, ClassVar
 
+from ..._blocking import run_blocking
 from ...errors import StorageError
+from ...sources.base import GenSpec, ThreadedSource
+from ..base import InPlaceWrite
 from .common import InOrder, S3SinkBase
 
 
@@ -116,12 +120,20 @@ class AppendSink(S3SinkBase):
 
     #: whether the library has a single PUT (else small objects go through the stream too)
     has_put: ClassVar[bool] = True
+    #: whether the library lends out its own memory to fill (``_generate``): synthetic chunks
+    #: are then generated there, with no copy (``begin_generation``)
+    generates_in_place: ClassVar[bool] = False
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
         self._stream: Any = None
         self._order = InOrder()
         self._small: bytes | None = None
+        self._generator: ThreadedSource | None = None
+        #: bytes copied into the library's memory (``_append``) / generated there (``_generate``)
+        self.copied_bytes = 0
+        self.generated_bytes = 0
+        self._generator_facts: dict[str, Any] | None = None
 
     @abstractmethod
     async def _open_stream(self) -> Any:
@@ -131,6 +143,12 @@ class AppendSink(S3SinkBase):
     def _append(self, data: memoryview) -> None:
         """Append ``data`` to ``self._stream`` (blocking; run in a worker thread). It must not
         keep ``data`` after it returns: copy it into memory the library owns."""
+
+    def _generate(self, source: ThreadedSource, nbytes: int) -> InPlaceWrite:
+        """Fill the next ``nbytes`` of the stream from ``source`` in the library's own memory
+        and commit them (blocking; run in a worker thread). Libraries with
+        ``generates_in_place`` supply it."""
+        raise NotImplementedError(f"{self.backend} does not generate in place")
 
     @abstractmethod
     async def _close_stream(self) -> str | None:
@@ -156,6 +174,26 @@ class AppendSink(S3SinkBase):
         self._append(data)
         return time.perf_counter() - started
 
+    async def begin_generation(self, spec: GenSpec) -> bool:
+        if not self.generates_in_place or self.single_put or self._stream is None or self._order.next:
+            return False
+        self._generator = await run_blocking(self.executor, spec.make)  # starts dgen's pool here
+        self._generator_facts = {**self._generator.describe(), "pid": os.getpid()}
+        return True
+
+    async def write_generated(self, offset: int, nbytes: int) -> InPlaceWrite:
+        source = self._generator
+        if source is None:
+            raise RuntimeError("write_generated before begin_generation")
+        await self._order.wait(offset)
+        try:
+            done = await self.blocking(f"write at offset {offset} of", self._generate, source, nbytes)
+        finally:
+            await self._order.advance(nbytes)  # on failure the whole save aborts anyway
+        self.generated_bytes += nbytes
+        self.part_latency.append(done.write_s)
+        return done
+
     async def write_part(self, offset: int, data: memoryview) -> float | None:
         if self.single_put:
             self._small = bytes(data)
@@ -165,6 +203,7 @@ class AppendSink(S3SinkBase):
             elapsed: float = await self.blocking(f"write at offset {offset} of", self._timed_append, data)
         finally:
             await self._order.advance(len(data))  # on failure the whole save aborts anyway
+        self.copied_bytes += len(data)
         self.part_latency.append(elapsed)
         return elapsed
 
@@ -180,8 +219,19 @@ class AppendSink(S3SinkBase):
         await self._learn_etag(etag)
         return {"complete_s": time.perf_counter() - started}
 
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        # the mechanism's own account (tests/test_s3dlio_in_place.py): bytes that reached the
+        # library by a copy into its memory vs bytes generated there
+        out["copied_into_library_bytes"] = self.copied_bytes
+        out["generated_in_library_bytes"] = self.generated_bytes
+        if self._generator_facts is not None:  # the generator that ran here (its own thread pool)
+            out["generated_in_library_by"] = self._generator_facts
+        return out
+
     async def abort(self) -> None:
         self._small = None
+        self._generator = None
         if self._stream is not None:
             try:
                 await self._abort_quietly(f"upload of unknown id ({self.backend})", self._drop_stream)

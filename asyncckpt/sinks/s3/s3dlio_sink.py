@@ -1,8 +1,9 @@
 """s3dlio (Rust/Tokio): a streaming ``MultipartUploadWriter`` fed in offset order.
 
 The writer appends (:class:`AppendSink` admits writes in offset order); its own
-``max_in_flight`` window uploads parts concurrently. Each chunk
-is copied once into memory the writer owns (``reserve()`` → fill → ``commit()``), because
+``max_in_flight`` window uploads parts concurrently. Synthetic chunks are generated straight
+into memory the writer owns (``reserve()`` → dgen-py fills it → CRC32C → ``commit()``: no
+copy; ``_generate``). Caller data is copied once into that memory (``_append``), because
 ``write()`` *borrows* a buffer until ``close()`` and the pool reuses buffers long before
 that (reusing one raises ``BufferError`` in s3dlio 0.10). Every call blocks, so each runs
 through :func:`run_blocking`.
@@ -17,11 +18,15 @@ from __future__ import annotations
 import errno
 import math
 import threading
+import time
 from typing import Any
 
 from ... import env
 from ..._blocking import run_blocking
+from ...checksum import crc
 from ...errors import ConfigError, MissingDependencyError, StorageError
+from ...sources.base import ThreadedSource
+from ..base import InPlaceWrite
 from .common import ErrorFields, export_to_environment, fields_from_text, log, storage_error
 from .core import AppendSink
 from .sigv4 import error_code, error_message, request_with_settings
@@ -72,6 +77,7 @@ class S3dlioSink(AppendSink):
     backend = "s3dlio"
     default_in_flight = 2  # s3dlio parallelises inside; two writers keep it fed
     needs_isolation = True  # its Tokio runtime: loop lag and RSS in the caller (issue 9, item 1)
+    generates_in_place = True  # reserve() lends its memory: synthetic chunks are made there
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
@@ -100,6 +106,24 @@ class S3dlioSink(AppendSink):
         view[:] = data  # the one copy: the pool's buffer is free once this returns
         self._stream.commit(len(data))
         view.release()
+
+    def _generate(self, source: ThreadedSource, nbytes: int) -> InPlaceWrite:
+        t0 = time.perf_counter()
+        view = self._stream.reserve(nbytes)
+        t1 = time.perf_counter()
+        try:
+            filled = source.fill_sync(view)  # generated in the writer's memory: no copy
+            t2 = time.perf_counter()
+            if filled != nbytes:
+                raise RuntimeError(f"the generator produced {filled} of {nbytes} bytes")
+            checksum = crc(view)  # over the bytes exactly as they are handed to s3dlio
+            t3 = time.perf_counter()
+            self._stream.commit(nbytes)
+            t4 = time.perf_counter()
+        finally:
+            view.release()
+        io_s = (t1 - t0) + (t4 - t3)  # reserve (waits for a free slot) + commit
+        return InPlaceWrite(fill_s=t2 - t1, write_s=io_s, checksum=checksum, checksum_s=t3 - t2)
 
     async def _close_stream(self) -> str | None:
         writer, self._stream = self._stream, None

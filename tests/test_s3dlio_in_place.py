@@ -1,0 +1,87 @@
+"""s3dlio in the default mode (a writer process): synthetic chunks are generated straight into
+the memory ``reserve()`` lends, so no data byte is copied on the way to s3dlio; caller data is
+copied into it exactly once in the writer (after the one copy into the shared pool).
+
+The writer's handle counts the bytes that reached s3dlio by a copy and those generated in its
+memory, and reports both in the sink facts (``result.metadata.extra``). s3dlio fixes its
+endpoint per process, so the tests run in a child pytest process per server (``run_child_suite``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from asyncckpt import AsyncCheckpointer
+from asyncckpt.servers.s3endpoint import S3Endpoint
+
+from .conftest import checkpoint_data, expected_bytes
+from .s3_harness import CHUNK, in_child, new_bucket, run_child_suite
+
+SIZE = 3 * CHUNK + 99  # a short last chunk: the footer follows it
+SEED = 23
+
+child_only = pytest.mark.skipif(not in_child(), reason="s3dlio runs in the child suite")
+
+
+def checkpointer(ep: S3Endpoint, **kw: object) -> AsyncCheckpointer:
+    # isolation and start method are left at their defaults: the default mode is measured
+    return AsyncCheckpointer(
+        chunk_size=CHUNK, num_buffers=3, backend="s3dlio", backend_options=ep.options(), seed=SEED, **kw
+    )
+
+
+async def stored(ep: S3Endpoint, bucket: str, key: str) -> bytes:
+    response = await asyncio.to_thread(ep.client().get_object, Bucket=bucket, Key=key)
+    body: bytes = await asyncio.to_thread(response["Body"].read)
+    return body
+
+
+@child_only
+async def test_s3dlio_synthetic_save_generates_in_place_without_a_copy(s3_env: S3Endpoint) -> None:
+    bucket = await asyncio.to_thread(new_bucket, s3_env)
+    uri = f"s3://{bucket}/synthetic.bin"
+    async with checkpointer(s3_env) as ckpt:
+        result = await ckpt.save(uri, SIZE)
+        extra = result.metadata.extra
+        assert extra["isolation"] == "process" and extra["writer_pid"] is not None
+        # every data byte was made in s3dlio's memory; only the footer (zero padding to 4 KiB,
+        # the manifest) was copied in, as one small write behind the data
+        raw = await stored(s3_env, bucket, "synthetic.bin")
+        assert extra["generated_in_library_bytes"] == SIZE
+        generator = extra["generated_in_library_by"]  # dgen-py ran in the writer process
+        assert generator["pid"] == extra["writer_pid"] and generator["seed"] == SEED
+        assert extra["copied_into_library_bytes"] == len(raw) - SIZE < CHUNK
+        want = await asyncio.to_thread(expected_bytes, SIZE, CHUNK, SEED)
+        assert await asyncio.to_thread(checkpoint_data, raw) == want
+        # generation is reported as generation (measured in the writer), per chunk
+        assert result.chunks == 4 and result.gen_s > 0
+        for verify in ("checksum", "regenerate"):
+            loaded = await ckpt.load(uri, verify=verify)
+            assert loaded.size_bytes == SIZE and loaded.metadata.seed == SEED
+
+
+@child_only
+async def test_s3dlio_caller_data_is_copied_once_into_s3dlio(s3_env: S3Endpoint) -> None:
+    bucket = await asyncio.to_thread(new_bucket, s3_env)
+    uri = f"s3://{bucket}/caller.bin"
+    data = await asyncio.to_thread(expected_bytes, SIZE, CHUNK, 99)
+    async with checkpointer(s3_env) as ckpt:
+        result = await ckpt.save(uri, data=data)
+        extra = result.metadata.extra
+        raw = await stored(s3_env, bucket, "caller.bin")
+        assert extra["isolation"] == "process", extra
+        # the documented copy: every byte (data and footer) copied into reserve()d memory
+        assert extra["generated_in_library_bytes"] == 0 and "generated_in_library_by" not in extra
+        assert extra["copied_into_library_bytes"] == len(raw)
+        assert await asyncio.to_thread(checkpoint_data, raw) == data
+        loaded = await ckpt.load(uri, verify="checksum")
+        assert loaded.size_bytes == SIZE
+
+
+@pytest.mark.skipif(in_child(), reason="this is the launcher of the child suite")
+def test_s3dlio_in_place_generation_in_a_child_suite(s3_endpoint: S3Endpoint) -> None:
+    proc = run_child_suite(__file__, s3_endpoint, "s3dlio and not child_suite")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "2 passed" in proc.stdout, proc.stdout[-2000:]
