@@ -38,13 +38,14 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from _common import emit, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.config import CheckpointConfig
 from asyncckpt.errors import ConfigError
+from asyncckpt.modes import ThreadBudgetRule
 from asyncckpt.results import RunResult
 from asyncckpt.sinks import backend_class
 from asyncckpt.units import parse_size
@@ -171,6 +172,8 @@ def pair_row(
 async def run(args: argparse.Namespace, binary: str, directory: Path) -> dict[str, Any]:
     # the defaults under test (what AsyncCheckpointer() uses), or one override to compare with
     tuning: dict[str, Any] = {} if args.max_in_flight is None else {"max_in_flight": args.max_in_flight}
+    if args.thread_budget is not None:
+        tuning["thread_budget"] = args.thread_budget
     config = CheckpointConfig(**tuning)
     fio = Fio(binary, args.size, config.chunk_size, args.drop_caches)
     file_sink = backend_class("file")
@@ -268,6 +271,12 @@ def main() -> int:
     p.add_argument("--size", type=lambda s: parse_size(s, name="--size"), default="2GiB")
     p.add_argument("--dir", default=None, help="directory on the file system to measure (default: $TMPDIR)")
     p.add_argument("--pairs", type=int, default=7, help="alternating pairs (at least 5)")
+    p.add_argument(
+        "--thread-budget",
+        choices=get_args(ThreadBudgetRule),
+        default=None,
+        help="asyncckpt's thread-budget rule instead of the library default (a tuned comparison)",
+    )
     p.add_argument("--engines", type=lambda s: [e for e in s.split(",") if e], default="libaio,io_uring")
     p.add_argument("--depths", type=_ints, default="1,2,3,4,5,6,7,8", help="queue depths to sweep")
     p.add_argument("--sweep-reps", type=int, default=3, help="fio runs per sweep configuration (median)")

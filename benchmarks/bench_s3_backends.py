@@ -48,12 +48,13 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import dgen_py
 from _common import emit, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer
+from asyncckpt.modes import ThreadBudgetRule
 from asyncckpt.report import format_table
 from asyncckpt.sinks.s3 import S3_BACKENDS, installed, sink_class
 from asyncckpt.units import parse_size
@@ -492,6 +493,7 @@ async def default_save(a: argparse.Namespace, backend: str, caller: bool) -> dic
         backend=backend,
         backend_options={**options, "max_in_flight": a.max_in_flight},
         seed=SEED,
+        **({} if a.thread_budget is None else {"thread_budget": a.thread_budget}),
     ) as ckpt:
         await ckpt.save(f"s3://{a.bucket}/warmup", a.part_size)  # writer process, client setup
         r = await ckpt.save(f"s3://{a.bucket}/asyncckpt", a.size, data=data)
@@ -600,6 +602,12 @@ def main() -> None:
         "--options", default="default", help=f"aiobotocore option sets for --pairs: {','.join(OPTION_SETS)}"
     )
     p.add_argument("--caller-data", action="store_true", help="with --pairs: also save caller data (data=)")
+    p.add_argument(
+        "--thread-budget",
+        choices=get_args(ThreadBudgetRule),
+        default=None,
+        help="with --pairs (not aiobotocore): asyncckpt's thread-budget rule instead of the library default",
+    )
     a = p.parse_args()
     a.server_pid = None
     a.size, a.part_size = parse_size(a.size, name="--size"), parse_size(a.part_size, name="--part-size")
