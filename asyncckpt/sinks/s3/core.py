@@ -17,9 +17,11 @@ import errno
 import os
 import time
 from abc import abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..._blocking import run_blocking
+from ...checksum import timed_crc
 from ...errors import StorageError
 from ...sources.base import GenSpec, ThreadedSource
 from ..base import InPlaceWrite
@@ -110,6 +112,17 @@ class MultipartSink(S3SinkBase):
             await self._abort_quietly(upload_id, self._abort, upload_id)
 
 
+@dataclass(frozen=True)
+class Placed:
+    """A chunk generated in a library's memory and committed (``AppendSink._generate``):
+    ``view`` stays readable after the commit (s3dlio's ``reserve()`` guarantees it), so its
+    CRC32C is taken over the very bytes uploaded while the next chunk is being generated."""
+
+    view: memoryview
+    fill_s: float
+    write_s: float
+
+
 class AppendSink(S3SinkBase):
     """A stream the library uploads as parts itself, fed strictly in offset order.
 
@@ -144,9 +157,10 @@ class AppendSink(S3SinkBase):
         """Append ``data`` to ``self._stream`` (blocking; run in a worker thread). It must not
         keep ``data`` after it returns: copy it into memory the library owns."""
 
-    def _generate(self, source: ThreadedSource, nbytes: int) -> InPlaceWrite:
+    def _generate(self, source: ThreadedSource, nbytes: int) -> Placed:
         """Fill the next ``nbytes`` of the stream from ``source`` in the library's own memory
-        and commit them (blocking; run in a worker thread). Libraries with
+        and commit them (blocking; run in a worker thread); return the committed bytes still
+        readable (the caller checksums them, then releases the view). Libraries with
         ``generates_in_place`` supply it."""
         raise NotImplementedError(f"{self.backend} does not generate in place")
 
@@ -187,12 +201,18 @@ class AppendSink(S3SinkBase):
             raise RuntimeError("write_generated before begin_generation")
         await self._order.wait(offset)
         try:
-            done = await self.blocking(f"write at offset {offset} of", self._generate, source, nbytes)
+            placed = await self.blocking(f"write at offset {offset} of", self._generate, source, nbytes)
         finally:
             await self._order.advance(nbytes)  # on failure the whole save aborts anyway
+        try:  # the next chunk is generated meanwhile: the CRC32C no longer adds to each fill
+            checksum, checksum_s, _ = await run_blocking(self.executor, timed_crc, placed.view)
+        finally:
+            placed.view.release()
         self.generated_bytes += nbytes
-        self.part_latency.append(done.write_s)
-        return done
+        self.part_latency.append(placed.write_s)
+        return InPlaceWrite(
+            fill_s=placed.fill_s, write_s=placed.write_s, checksum=checksum, checksum_s=checksum_s
+        )
 
     async def write_part(self, offset: int, data: memoryview) -> float | None:
         if self.single_put:

@@ -2,8 +2,9 @@
 
 The writer appends (:class:`AppendSink` admits writes in offset order); its own
 ``max_in_flight`` window uploads parts concurrently. Synthetic chunks are generated straight
-into memory the writer owns (``reserve()`` → dgen-py fills it → CRC32C → ``commit()``: no
-copy; ``_generate``). Caller data is copied once into that memory (``_append``), because
+into memory the writer owns (``reserve()`` → dgen-py fills it → ``commit()``: no copy;
+``_generate``); the committed view stays readable, so the CRC32C of those bytes runs while
+the next chunk is generated. Caller data is copied once into that memory (``_append``), because
 ``write()`` *borrows* a buffer until ``close()`` and the pool reuses buffers long before
 that (reusing one raises ``BufferError`` in s3dlio 0.10). Every call blocks, so each runs
 through :func:`run_blocking`.
@@ -23,12 +24,10 @@ from typing import Any
 
 from ... import env
 from ..._blocking import run_blocking
-from ...checksum import crc
 from ...errors import ConfigError, MissingDependencyError, StorageError
 from ...sources.base import ThreadedSource
-from ..base import InPlaceWrite
 from .common import ErrorFields, export_to_environment, fields_from_text, log, storage_error
-from .core import AppendSink
+from .core import AppendSink, Placed
 from .sigv4 import error_code, error_message, request_with_settings
 
 try:
@@ -107,7 +106,7 @@ class S3dlioSink(AppendSink):
         self._stream.commit(len(data))
         view.release()
 
-    def _generate(self, source: ThreadedSource, nbytes: int) -> InPlaceWrite:
+    def _generate(self, source: ThreadedSource, nbytes: int) -> Placed:
         t0 = time.perf_counter()
         view = self._stream.reserve(nbytes)
         t1 = time.perf_counter()
@@ -116,14 +115,12 @@ class S3dlioSink(AppendSink):
             t2 = time.perf_counter()
             if filled != nbytes:
                 raise RuntimeError(f"the generator produced {filled} of {nbytes} bytes")
-            checksum = crc(view)  # over the bytes exactly as they are handed to s3dlio
+            self._stream.commit(nbytes)  # the view stays readable: the CRC32C is taken after
             t3 = time.perf_counter()
-            self._stream.commit(nbytes)
-            t4 = time.perf_counter()
-        finally:
+        except BaseException:
             view.release()
-        io_s = (t1 - t0) + (t4 - t3)  # reserve (waits for a free slot) + commit
-        return InPlaceWrite(fill_s=t2 - t1, write_s=io_s, checksum=checksum, checksum_s=t3 - t2)
+            raise
+        return Placed(view=view, fill_s=t2 - t1, write_s=(t1 - t0) + (t3 - t2))  # reserve + commit
 
     async def _close_stream(self) -> str | None:
         writer, self._stream = self._stream, None
