@@ -66,6 +66,13 @@ class ThreadBudget(NamedTuple):
     local_ranks_source: str  # the variable it came from, or "default"
     overridden: bool
     rule: modes.ThreadBudgetRule = "mlperf"  # how ``threads`` was sized (unless overridden)
+    share: int = 0  # this rank's whole CPU share (0: not known, e.g. an override)
+
+    @property
+    def blocked_threads(self) -> int:
+        """Threads for work the caller waits on (the host staging copy): the whole CPU share,
+        since the loop's core has nothing to do but wait for that copy either way."""
+        return max(self.threads, self.share)
 
     @property
     def rule_used(self) -> str:
@@ -126,7 +133,7 @@ def thread_budget(
     divisor = _cpu_sharers if env is None and _measured_local is not None and _cpu_sharers else nlocal
     share = ncpu // divisor
     threads = share - 1 if rule == "leave_loop_core" else share
-    return ThreadBudget(max(1, threads), ncpu, nlocal, source, False, rule)
+    return ThreadBudget(max(1, threads), ncpu, nlocal, source, False, rule, max(1, share))
 
 
 def world(env: Mapping[str, str] | None = None) -> tuple[int, int]:

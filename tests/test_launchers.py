@@ -46,7 +46,8 @@ def test_torchrun() -> None:
     info = rank_info_from_env(TORCHRUN)
     assert (info.rank, info.size, info.local_rank, info.local_size) == (5, 8, 1, 4)
     assert (info.launcher, info.source) == ("torchrun", "RANK")
-    assert topology.thread_budget(env=TORCHRUN, cpus=192) == (48, 192, 4, "LOCAL_WORLD_SIZE", False, "mlperf")
+    expected = (48, 192, 4, "LOCAL_WORLD_SIZE", False, "mlperf", 48)
+    assert topology.thread_budget(env=TORCHRUN, cpus=192) == expected
     plain = rank_info_from_env({"RANK": "1", "WORLD_SIZE": "2"})  # another torch launcher
     assert (plain.launcher, plain.rank, plain.size, plain.local_size) == ("torch", 1, 2, 1)
 
@@ -56,7 +57,7 @@ def test_slurm_srun_picks_this_nodes_count_from_the_compressed_list() -> None:
     assert (info.rank, info.size, info.local_rank, info.local_size) == (9, 11, 1, 3)
     assert (info.launcher, info.source) == ("slurm", "SLURM_PROCID")
     budget = topology.thread_budget(env=SRUN, cpus=96)
-    assert budget == (32, 96, 3, "SLURM_TASKS_PER_NODE[2]", False, "mlperf")  # 96 // 3, never 96 // 11
+    assert budget == (32, 96, 3, "SLURM_TASKS_PER_NODE[2]", False, "mlperf", 32)  # 96 // 3, never 96 // 11
     # the step's own layout wins over the job's
     step = {**SRUN, "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_PROCID": "3"}
     assert topology.local_ranks({**step, "SLURM_NODEID": "1"}) == (2, "SLURM_STEP_TASKS_PER_NODE[1]")

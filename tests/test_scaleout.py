@@ -187,7 +187,8 @@ def test_measured_local_size_wins_over_environment(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "64")
     try:
         topology.set_local_ranks(4, "mpi4py COMM_TYPE_SHARED")
-        assert topology.thread_budget(cpus=192) == (48, 192, 4, "mpi4py COMM_TYPE_SHARED", False, "mlperf")
+        expected = (48, 192, 4, "mpi4py COMM_TYPE_SHARED", False, "mlperf", 48)
+        assert topology.thread_budget(cpus=192) == expected
     finally:
         topology.set_local_ranks(None)
     assert topology.thread_budget(cpus=192).threads == 3

@@ -158,3 +158,11 @@ async def test_fills_and_checksums_take_turns_when_the_loop_keeps_a_core(
         result = await ckpt.save("null://turns", 8 * MiB)
     assert result.chunks == 8 and all(r.checksum is not None for r in result.records)
     assert seen.peak == peak
+
+
+def test_the_host_staging_copy_uses_the_whole_share() -> None:
+    # the caller waits for that copy, so the core left to its loop would only sit idle
+    lib = thread_budget(rule="leave_loop_core", env={}, cpus=8)
+    assert (lib.threads, lib.share, lib.blocked_threads) == (7, 8, 8)
+    assert thread_budget(rule="mlperf", env={}, cpus=8).blocked_threads == 8
+    assert thread_budget(3, rule="leave_loop_core", env={}, cpus=8).blocked_threads == 3

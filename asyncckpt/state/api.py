@@ -270,7 +270,7 @@ class StateMixin(LoadsMixin):
             [p.data_start + e.start for e in p.entries],
             view,
             self._ensure_executor(),
-            self._budget.threads,
+            self._budget.blocked_threads,  # the caller waits for this copy: every core of its share
         )
         copied = tuple(t.leaf.name for t in p.tensors if not t.contiguous)
         blocked = now() - t0
