@@ -88,9 +88,8 @@ class FileSink(Sink):
         self._rreason = ""
         self._identity: dict[str, int] = {}
         self.stale_removed: list[str] = []  # temporaries of dead saves this save removed
-        self.storage_cpu = self._cpu = (
-            CpuTally()
-        )  # pwrite / pread thread CPU (a copy into or out of the kernel)
+        self._cpu = CpuTally()  # thread CPU of the storage calls (pwrite / pread: kernel copies)
+        self.storage_cpu = self._cpu  # what Sink.cpu_counters reports (typed Optional there)
 
     @property
     def temp_path(self) -> Path | None:
