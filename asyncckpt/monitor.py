@@ -64,9 +64,10 @@ class LoopMonitor:
         self._task.cancel()
         await asyncio.wait([self._task])
         self.peak_rss = max(self.peak_rss, current_rss())
-        # after a failure nothing reads the figures, and a failed writer must not be asked
-        ok = exc_type is None and self.sink is not None
-        self.cpu.stop(await self.sink.cpu_counters() if ok and self.sink is not None else CpuCounters())
+        counters = CpuCounters()
+        if exc_type is None and self.sink is not None:  # after a failure nothing reads the
+            counters = await self.sink.cpu_counters()  # figures: a failed writer is not asked
+        self.cpu.stop(counters)
 
     def lag(self) -> Percentiles:
         return percentiles(self.lags)
