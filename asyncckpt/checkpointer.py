@@ -18,9 +18,9 @@ from .isolation import SharedBufferPool, resolve_policy
 from .isolation.process_sink import ProcessSink, WriterPool
 from .load_api import LoadsMixin
 from .manifest import manifest_uri
-from .metrics import label_chunks
+from .metrics import ChunkRecord, label_chunks
 from .monitor import LoopMonitor, now
-from .pipeline import PipelineTimes, ProgressFn, stream, stream_in_place, write_preallocated
+from .pipeline import PipelineTimes, ProgressFn, stream, stream_in_place, write_preallocated, write_whole
 from .pool import BufferPool
 from .results import RunSetup, SaveResult
 from .runinfo import run_fields
@@ -229,6 +229,23 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         ``expect_crc32c``: per-chunk CRCs the caller computed beforehand (``save_state``); if the
         pipeline's differ, the data changed while being saved and nothing is published.
         """
+        return await self._save_object(uri, size, data, method, progress, expect_crc32c, in_place=False)
+
+    async def _save_object(
+        self,
+        uri: str | os.PathLike[str],
+        size: int | None,
+        data: CallerData | None,
+        method: modes.SaveMethod,
+        progress: ProgressFn | None,
+        expect_crc32c: Sequence[int] | None,
+        *,
+        in_place: bool,
+    ) -> SaveResult:
+        """``save``; ``in_place``: ``data`` is the whole object in page-aligned memory nobody else
+        writes (a host staging area) and ``expect_crc32c`` its chunk CRCs, so it is written
+        from where it lies (no pool, no copy, no second checksum) unless a writer process
+        needs the bytes in its shared arena."""
         modes.parse("method", method, modes.SaveMethod, fold=False)
         if size is None:
             if data is None or not hasattr(data, "__len__"):
@@ -262,7 +279,8 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                     b.local_ranks_source,
                 )
                 try:
-                    return await self._save(sink, source, size, method, progress, expect_crc32c)
+                    placed = data if in_place and isinstance(data, memoryview) else None
+                    return await self._save(sink, source, size, method, progress, expect_crc32c, placed)
                 finally:
                     source.close()
                     await sink.aclose()
@@ -278,10 +296,15 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         method: str,
         progress: ProgressFn | None,
         expect_crc32c: Sequence[int] | None = None,
+        placed: memoryview | None = None,
     ) -> SaveResult:
         executor = self._ensure_executor()
         in_flight = self.config.max_in_flight or min(sink.default_in_flight, self.config.num_buffers)
         isolated = isinstance(writer := unwrap(sink), ProcessSink)
+        if isolated or expect_crc32c is None:
+            placed = None  # a writer process reads chunks from its shared arena only
+        if placed is not None:
+            method = "preallocated"  # the object lies whole in RAM: memory = its size, not the pool
         pool = await self._ensure_pool(shared=isolated) if method == "streaming" else None
         if pool is not None:
             pool.reset_stats()
@@ -327,6 +350,19 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                         cpu_lane=asyncio.Lock() if self.config.thread_budget == "leave_loop_core" else None,
                     )
                     gen_s = sum(r.fill_s for r in times.records)
+                elif placed is not None and expect_crc32c is not None:
+                    times, gen_s = (
+                        await write_whole(
+                            sink,
+                            placed,
+                            _known_chunks(size, self.config.chunk_size, expect_crc32c),
+                            total=size,
+                            end=size,
+                            max_in_flight=in_flight,
+                            progress=progress,
+                        ),
+                        0.0,
+                    )
                 else:
                     times, gen_s = await write_preallocated(
                         source,
@@ -410,3 +446,14 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
             cpu_stages={"generation": source.cpu_s, "checksum": sum(r.checksum_cpu_s for r in recs)},
         )
         return SaveResult.from_records(recs, gen_s=gen_s, **run)
+
+
+def _known_chunks(size: int, chunk: int, crcs: Sequence[int]) -> list[ChunkRecord]:
+    """Records of an object's chunks whose CRC32Cs were computed before the write."""
+    offsets = range(0, size, chunk)
+    if len(offsets) != len(crcs):
+        raise RuntimeError(f"{len(crcs)} chunk checksums for {len(offsets)} chunks")
+    return [
+        ChunkRecord(index, offset, min(chunk, size - offset), checksum=crc)
+        for index, (offset, crc) in enumerate(zip(offsets, crcs, strict=True))
+    ]

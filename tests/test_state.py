@@ -368,6 +368,27 @@ async def test_host_staging_snapshot_handle(tmp_path: Path) -> None:
     np.testing.assert_array_equal(safetensors.numpy.load_file(tmp_path / "b.safetensors")["w"], (weights * 2))
 
 
+async def test_staged_object_is_written_from_the_staging_area(tmp_path: Path) -> None:
+    """The staged copy is already the whole object in page-aligned memory and its chunk CRCs
+    come from the header's pre-pass: the write takes it from there (no pool, no copy into
+    pool buffers, no second CRC pass), and the CRCs it reports are the file's."""
+    from asyncckpt.checksum import crc
+
+    uri = tmp_path / "w.safetensors"
+    weights = floats((700, 300), 4)  # 840 KB: 13 chunks, the header's in the first
+    async with ckpt() as c:
+        handle = await c.save_state(str(uri), {"w": weights, "step": 3}, staging="host")
+        assert isinstance(handle, StagedSave)
+        saved = (await handle).save
+        streamed = (await c.save_state(str(tmp_path / "s.safetensors"), {"w": weights})).save
+    raw = uri.read_bytes()
+    assert saved.method == "preallocated" and saved.metadata.pool_bytes == len(raw) == saved.size_bytes
+    assert saved.gen_s == 0.0 and saved.checksum_s == 0.0  # no fill, no checksum in the write
+    assert [r.checksum for r in saved.records] == [crc(raw[o : o + CHUNK]) for o in range(0, len(raw), CHUNK)]
+    assert streamed.method == "streaming" and streamed.checksum_s > 0  # the caller's arrays: via the pool
+    np.testing.assert_array_equal(safetensors.numpy.load_file(uri)["w"], weights)
+
+
 async def test_staged_save_failure_surfaces_on_the_handle(tmp_path: Path) -> None:
     async with ckpt() as c:
         handle = await c.save_state(str(tmp_path / "x.safetensors"), {"w": np.ones(10)}, staging="host")

@@ -15,8 +15,12 @@ from asyncckpt.servers.s3endpoint import S3Endpoint
 from .s3_harness import CHUNK, new_bucket
 
 
-@pytest.mark.parametrize("staging", ["none", "host"])
-async def test_state_round_trip_on_s3(s3_endpoint: S3Endpoint, staging: str) -> None:
+@pytest.mark.parametrize(
+    ("staging", "backend"),
+    # s3dlio runs in a writer process by default: a staged save goes through its shared pool
+    [("none", "aiobotocore"), ("host", "aiobotocore"), ("host", "s3dlio")],
+)
+async def test_state_round_trip_on_s3(s3_endpoint: S3Endpoint, staging: str, backend: str) -> None:
     bucket = await asyncio.to_thread(new_bucket, s3_endpoint)
     uri = f"s3://{bucket}/step-1/rank0.safetensors"
     rng = np.random.default_rng(5)
@@ -27,11 +31,15 @@ async def test_state_round_trip_on_s3(s3_endpoint: S3Endpoint, staging: str) -> 
     }
     options = s3_endpoint.options()
     async with AsyncCheckpointer(
-        chunk_size=CHUNK, num_buffers=3, backend="aiobotocore", backend_options=options
+        chunk_size=CHUNK, num_buffers=3, backend=backend, backend_options=options
     ) as c:
         handle = await c.save_state(uri, state, staging=staging)
         saved = await handle if staging == "host" else handle
         assert saved.save.chunks == 2
+        # in process, a staged object is written from the staging area itself
+        assert saved.save.method == (
+            "preallocated" if (staging, backend) == ("host", "aiobotocore") else "streaming"
+        )
         loaded = await c.load_state(uri, as_torch=True)
     assert loaded.verified and loaded.state["step"] == 1
     assert torch.equal(loaded.state["model"]["w"], torch.from_numpy(state["model"]["w"]))

@@ -146,6 +146,19 @@ class StateMixin(LoadsMixin):
     ) -> SaveResult:
         raise NotImplementedError
 
+    async def _save_object(
+        self,
+        uri: str | os.PathLike[str],
+        size: int | None,
+        data: CallerData | None,
+        method: modes.SaveMethod,
+        progress: ProgressFn | None,
+        expect_crc32c: Sequence[int] | None,
+        *,
+        in_place: bool,
+    ) -> SaveResult:
+        raise NotImplementedError
+
     @property
     def _staging_area(self) -> StagingArea:
         area = self.__dict__.get("_state_staging")
@@ -281,7 +294,8 @@ class StateMixin(LoadsMixin):
             data = [view[p.data_start : p.size]]
             prefix, expected, prepass = await run_blocking(executor, finish_header, p, data, chunk)
             view[: p.data_start] = prefix
-            saved = await self.save(uri, p.size, data=view, progress=progress, expect_crc32c=expected)
+            # written from the area itself: no pool copy, and the pre-pass CRCs are the chunks'
+            saved = await self._save_object(uri, p.size, view, "streaming", progress, expected, in_place=True)
             return self._state_result(p, "host", blocked, waited, copy_s, prepass, copied, saved)
 
         task = asyncio.create_task(write(), name=f"asyncckpt-staged-save {uri}")
