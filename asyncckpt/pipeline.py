@@ -24,7 +24,7 @@ from ._blocking import run_blocking
 from .checksum import timed_crc
 from .metrics import ChunkRecord, notify_progress
 from .monitor import now
-from .pool import BufferPool, PoolBuffer, close_mapping
+from .pool import BufferPool, PoolBuffer, close_mapping, private_mapping
 from .seal import Sealer, align_up
 from .sinks.base import Sink
 from .sources.base import Source, fill_sequentially
@@ -283,7 +283,7 @@ async def write_preallocated(
     behind the data and goes out with the last chunk.
     """
     end = sealer.seal.object_size if sealer is not None else total
-    arena = mmap.mmap(-1, max(end, 1))
+    arena = private_mapping(end)
     whole = memoryview(arena)
     view = whole[:total]
     try:

@@ -63,6 +63,20 @@ def close_mapping(mapping: mmap.mmap) -> None:
             mapping.close()
 
 
+def private_mapping(nbytes: int) -> mmap.mmap:
+    """Anonymous memory only this process uses, on transparent huge pages where the kernel
+    offers them on request (``madvise`` mode, the usual default): 2 MiB pages mean 512 times
+    fewer page faults on first touch, TLB misses in copies and checksums, and pages for
+    O_DIRECT to pin per request. Memory a writer process must see is shared instead
+    (``asyncckpt.isolation``); a kernel without THP just ignores the advice."""
+    mapping = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        with contextlib.suppress(OSError):
+            mapping.madvise(advice)
+    return mapping
+
+
 class BufferPool:
     """``num_buffers`` buffers of ``chunk_size`` bytes carved out of one anonymous mapping."""
 
@@ -72,7 +86,7 @@ class BufferPool:
         self.chunk_size = chunk_size
         self.num_buffers = num_buffers
         self.nbytes = chunk_size * num_buffers
-        self._mmap = arena if arena is not None else mmap.mmap(-1, self.nbytes)
+        self._mmap = arena if arena is not None else private_mapping(self.nbytes)
         self._view = memoryview(self._mmap)
         self._buffers = [
             PoolBuffer(i, self._view[i * chunk_size : (i + 1) * chunk_size]) for i in range(num_buffers)

@@ -19,7 +19,7 @@ import numpy as np
 
 from .._blocking import run_blocking
 from ..pipeline import unwrap_group
-from ..pool import PAGE, close_mapping
+from ..pool import PAGE, close_mapping, private_mapping
 from .arrays import SaveTensor
 
 PIECE = 64 << 20  # copy granularity: small enough to balance threads, large enough to amortise a hop
@@ -39,7 +39,7 @@ class StagingArea:
         """A view of ``size`` bytes (the mapping is replaced only when it is too small)."""
         if self.capacity < size:
             self.close()
-            self._map = mmap.mmap(-1, max(PAGE, -(-size // PAGE) * PAGE))
+            self._map = private_mapping(max(PAGE, -(-size // PAGE) * PAGE))
         assert self._map is not None
         return memoryview(self._map)[:size]
 
