@@ -4,7 +4,7 @@ It holds a whole object (header + tensors, laid out exactly as in the file), so 
 that follows in the background reads one contiguous buffer. It is kept between saves (a
 training loop checkpoints the same state size again and again: no allocation or page
 faults after the first), grows when a larger state comes, and is freed by ``aclose``.
-The copy into it is split into pieces spread over worker threads (NumPy and torch copies
+The copy into it is split into equal shares, one per worker thread (NumPy and torch copies
 release the GIL), so the caller is blocked for about one memcpy of the state.
 """
 
@@ -22,7 +22,7 @@ from ..pipeline import unwrap_group
 from ..pool import PAGE, close_mapping, private_mapping
 from .arrays import SaveTensor
 
-PIECE = 64 << 20  # copy granularity: small enough to balance threads, large enough to amortise a hop
+ALIGN = 64 << 10  # where a tensor's copy may be cut between threads (whole pages, either size)
 
 
 class StagingArea:
@@ -58,22 +58,61 @@ def _run(pieces: list[tuple[Any, ...]]) -> None:
         fn(*args)
 
 
+def _nbytes(piece: tuple[Any, ...]) -> int:
+    return len(piece[1])  # the destination view
+
+
+def split_copies(
+    tensors: list[SaveTensor], offsets: list[int], area: memoryview, threads: int
+) -> list[list[tuple[Any, ...]]]:
+    """The copies of every tensor to ``area[offset:]``, as one list per thread of equal bytes.
+
+    Why not whole tensors dealt round-robin: a state dict alternates large and small tensors
+    (a weight, then its bias), so one thread got every weight and the caller waited for it.
+    Contiguous tensors are cut at ``ALIGN`` boundaries to even the threads out; a
+    non-contiguous one is copied whole (by its own strides), the largest first to the least
+    loaded thread.
+    """
+    bins: list[list[tuple[Any, ...]]] = [[] for _ in range(max(1, threads))]
+    load = [0] * len(bins)
+    runs: list[tuple[memoryview, memoryview]] = []  # contiguous (dst, src), in area order
+    whole: list[tuple[Any, ...]] = []
+    for t, offset in zip(tensors, offsets, strict=True):
+        if t.nbytes == 0:
+            continue
+        dst = area[offset : offset + t.nbytes]
+        if t.contiguous:
+            runs.append((dst, t.byte_view()))
+        else:
+            whole.append((t.copy_into, dst))
+    for piece in sorted(whole, key=_nbytes, reverse=True):
+        i = load.index(min(load))
+        bins[i].append(piece)
+        load[i] += _nbytes(piece)
+    remaining = sum(len(dst) for dst, _ in runs)
+    target = -(-(sum(load) + remaining) // len(bins))
+    at = 0  # bytes of runs[0] already given to a thread
+    for i, b in enumerate(bins):
+        need = remaining if i == len(bins) - 1 else min(remaining, max(0, target - load[i]))
+        while need > 0:
+            dst, src = runs[0]
+            take = min(len(dst) - at, -(-need // ALIGN) * ALIGN)  # a cut falls on an ALIGN boundary
+            b.append((_copy_bytes, dst[at : at + take], src[at : at + take]))
+            load[i] += take
+            need -= take
+            remaining -= take
+            at += take
+            if at == len(dst):
+                runs.pop(0)
+                at = 0
+    return bins
+
+
 async def stage(
     tensors: list[SaveTensor], offsets: list[int], area: memoryview, executor: Executor, threads: int
 ) -> None:
     """Copy every tensor to ``area[offset:]`` using up to ``threads`` worker threads."""
-    pieces: list[tuple[Any, ...]] = []
-    for t, offset in zip(tensors, offsets, strict=True):
-        dst = area[offset : offset + t.nbytes]
-        if not t.contiguous:
-            pieces.append((t.copy_into, dst))
-            continue
-        src = t.byte_view()
-        for at in range(0, t.nbytes, PIECE):
-            pieces.append((_copy_bytes, dst[at : at + PIECE], src[at : at + PIECE]))
-    bins: list[list[tuple[Any, ...]]] = [[] for _ in range(max(1, threads))]
-    for i, piece in enumerate(pieces):
-        bins[i % len(bins)].append(piece)
+    bins = split_copies(tensors, offsets, area, threads)
     try:  # a failure cancels the rest, and each cancelled copy still waits for its thread
         async with asyncio.TaskGroup() as tg:
             for b in bins:
