@@ -10,6 +10,7 @@ start to its end (:mod:`asyncckpt.cpu`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from typing import TYPE_CHECKING
@@ -23,13 +24,32 @@ if TYPE_CHECKING:
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+_statm: dict[int, int] = {}  # pid → its /proc/self/statm descriptor (a forked child opens its own)
+
+
 def current_rss() -> int:
-    """Resident set size in bytes (Linux /proc; 0 where unavailable)."""
+    """Resident set size in bytes (Linux /proc; 0 where unavailable).
+
+    Read on the loop every tick: a kept descriptor and ``pread`` cost a few microseconds where
+    open/read/close cost about a tenth of a millisecond per tick (measured: 18 % of the loop's
+    own CPU during a save with a 1 ms ticker).
+    """
     try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
+        return int(os.pread(_statm_fd(), 128, 0).split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):  # pragma: no cover - non-Linux
         return 0
+
+
+def _statm_fd() -> int:
+    pid = os.getpid()
+    fd = _statm.get(pid)
+    if fd is None:
+        fd = _statm[pid] = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+    return fd
+
+
+with contextlib.suppress(OSError):  # opened with the module: a process-lifetime descriptor,
+    _statm_fd()  # not one that first appears inside a caller's save
 
 
 class LoopMonitor:
