@@ -8,6 +8,7 @@ from typing import Any
 from . import env, modes
 from .errors import ConfigError
 from .isolation.policy import requested_start_method, resolve_policy
+from .priority import BACKGROUND_NICE, MAX_NICE
 from .secrets import protect_options
 from .units import GiB, MiB
 
@@ -62,6 +63,9 @@ class CheckpointConfig:
     # "leave_loop_core": (usable CPUs // ranks on this node) - 1, at least 1, so the event loop
     # keeps a core; "mlperf": usable CPUs // ranks on this node (the bench CLI's rule)
     thread_budget: modes.ThreadBudgetRule = "leave_loop_core"
+    # niceness of generation and checksum threads (asyncckpt.priority); None: 10 under
+    # "leave_loop_core" (the loop wakes on time), 0 under "mlperf" (the bench CLI)
+    cpu_nice: int | None = None
     direct_io: bool | None = None
     fsync: bool = True
     reserve_space: bool = True  # fallocate files up front: ENOSPC before, not during, a save
@@ -99,6 +103,8 @@ class CheckpointConfig:
         if self.gen_threads is not None:
             _positive_int("gen_threads", self.gen_threads, 1, MAX_THREADS)
         modes.parse("thread_budget", self.thread_budget, modes.ThreadBudgetRule, fold=False)
+        if self.cpu_nice is not None:
+            _positive_int("cpu_nice", self.cpu_nice, 0, MAX_NICE)
         if self.direct_io is not None and not isinstance(self.direct_io, bool):
             raise ConfigError(f"direct_io must be True, False or None, got {self.direct_io!r}")
         for name in ("fsync", "reserve_space"):
@@ -136,6 +142,13 @@ class CheckpointConfig:
     @property
     def pool_bytes(self) -> int:
         return self.chunk_size * self.num_buffers
+
+    @property
+    def resolved_cpu_nice(self) -> int:
+        """``cpu_nice``, or the thread budget rule's default for it."""
+        if self.cpu_nice is not None:
+            return self.cpu_nice
+        return BACKGROUND_NICE if self.thread_budget == "leave_loop_core" else 0
 
 
 def validate_size(size: object) -> int:

@@ -68,6 +68,12 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
+def helper_threads() -> tuple[int, ...]:
+    """The registered helper threads (tids)."""
+    with _helpers_lock:
+        return tuple(_helpers)
+
+
 def helper_cpu() -> float:
     """Cumulative CPU seconds of the registered helper threads."""
     with _helpers_lock:

@@ -98,18 +98,21 @@ async def stream(
     progress: ProgressFn | None = None,
     sealer: Sealer | None = None,
     cpu_lane: asyncio.Lock | None = None,
+    cpu_executor: Executor | None = None,
 ) -> PipelineTimes:
     """Move ``total`` bytes from ``source`` to ``sink``; return per-chunk records.
 
     With a ``sealer`` the last chunk is written only after every other one, together with the
     footer that carries the manifest (see :mod:`asyncckpt.seal`). With a ``cpu_lane`` fills
-    and checksums hold it in turn (writes never do: they wait on the device, not a CPU).
+    and checksums hold it in turn (writes never do: they wait on the device, not a CPU). Fills
+    and checksums run on ``cpu_executor`` when given (lower-priority threads: priority.py).
     """
     lane = cpu_lane if cpu_lane is not None else contextlib.nullcontext()
+    cpu = cpu_executor if cpu_executor is not None else executor
 
     async def checksum(view: memoryview) -> tuple[int, float, float]:
         async with lane:
-            return await run_blocking(executor, timed_crc, view)
+            return await run_blocking(cpu, timed_crc, view)
 
     queue: asyncio.Queue[tuple[PoolBuffer, ChunkRecord] | None] = asyncio.Queue()
     held: set[PoolBuffer] = set()  # checked out during this call, for reclaiming on failure
@@ -148,7 +151,7 @@ async def stream(
             rec = ChunkRecord(index, offset, 0, t_acquire=t0, wait_free_s=now() - t0)
             want = min(pool.chunk_size, total - offset)
             async with lane:
-                rec.nbytes, rec.fill_s = await source.fill(buf.view[:want], executor)
+                rec.nbytes, rec.fill_s = await source.fill(buf.view[:want], cpu)
             if rec.nbytes != want:
                 raise RuntimeError(f"source produced {rec.nbytes} of {want} bytes at {offset}")
             out.records.append(rec)

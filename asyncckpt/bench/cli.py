@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         "MLPerf rule, this benchmark's default); leave_loop_core = one core less, the library "
         "default, which keeps event-loop lag low",
     )
+    p.add_argument(
+        "--cpu-nice",
+        type=int,
+        default=None,
+        help="niceness (0-19) of the generation and checksum threads; default: 10 under "
+        "leave_loop_core, 0 under mlperf",
+    )
     p.add_argument("--seed", type=int, default=None, help="generator seed")
     p.add_argument("--method", choices=choices(modes.BenchMethod), default="streaming")
     p.add_argument("--direct-io", choices=choices(modes.DirectIo), default="auto")
@@ -162,6 +169,7 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         "num_buffers": args.num_buffers,
         "gen_threads": args.gen_threads,
         "thread_budget": args.thread_budget,
+        "cpu_nice": args.cpu_nice,
         "direct_io": {"auto": None, "on": True, "off": False}[args.direct_io],
         "fsync": not args.no_fsync,
         "max_in_flight": args.max_in_flight,
