@@ -218,6 +218,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                 timeout=cfg.writer_timeout,
                 child_threads=cfg.num_buffers + 2,
                 pool=self._writers,
+                nice=cfg.resolved_cpu_nice,
             )
         return self._store(resolve_backend(os.fspath(uri), cfg.backend), options).handle(os.fspath(uri))
 

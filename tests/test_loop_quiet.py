@@ -113,3 +113,16 @@ def test_rss_sample_is_this_process_and_a_forked_childs_own() -> None:
     os.waitpid(pid, 0)
     # the child's own statm: the descriptor it inherited would show the parent, unchanged
     assert after - before >= 200 << 20
+
+
+@pytest.mark.parametrize(("rule", "expected"), [("leave_loop_core", 10), ("mlperf", 0)])
+async def test_a_writer_process_runs_at_cpu_nice(tmp_path: Path, rule: str, expected: int) -> None:
+    async with AsyncCheckpointer(
+        chunk_size=1 << 20, num_buffers=4, isolation="process", thread_budget=rule
+    ) as ckpt:
+        await ckpt.save(str(tmp_path / "ckpt.bin"), 4 << 20)
+        (writer,) = ckpt._writers._writers.values()
+        assert writer.pid is not None
+        tids = [int(t) for t in os.listdir(f"/proc/{writer.pid}/task")]
+        assert len(tids) > 1  # its loop's worker threads too, not only the main thread
+        assert {os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {expected}

@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .._blocking import Offload
+from ..priority import lower
 from ..sinks import BACKENDS, backend_class
 from ..sinks.base import InPlaceWrite, Sink, SinkOptions
 from ..sinks.store import Store
@@ -41,6 +42,7 @@ class ChildSpec:
     arena_path: str | None
     arena_size: int
     threads: int
+    nice: int = 0  # raised before any thread starts: every thread of the child inherits it
     close_fds: tuple[int, ...] = ()  # fork only: the parent's end of the pipe
     # the parent's environment and directory *now*: a forkserver child would otherwise see
     # those of the moment the server started (stale AWS_* variables, another .env)
@@ -70,6 +72,9 @@ def main(conn: Connection, spec: ChildSpec) -> None:
     if spec.cwd is not None:
         with contextlib.suppress(OSError):
             os.chdir(spec.cwd)
+    # the writer's CPU (generation in place, a client's runtime) is background work: the
+    # parent's event loop gets a core first; set before any thread starts, so all inherit it
+    lower([threading.get_native_id()], spec.nice)
     # Ctrl-C reaches the whole process group; the parent decides how the save ends
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     asyncio.run(_Server(conn, spec).serve())

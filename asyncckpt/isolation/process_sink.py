@@ -61,6 +61,7 @@ class WriterProcess:
         timeout: float,
         child_threads: int,
         arena: SharedArena | None,
+        nice: int = 0,
     ) -> None:
         self.backend = backend
         self.executor = executor
@@ -69,6 +70,7 @@ class WriterProcess:
         self.timeout = timeout
         self.child_threads = child_threads
         self.arena = arena
+        self.nice = nice
         self._proc: BaseProcess | None = None
         self._pid: int | None = None
         self._conn: Connection | None = None
@@ -108,6 +110,7 @@ class WriterProcess:
                 arena_path=self.arena.path if self.arena is not None else None,
                 arena_size=self.arena.size if self.arena is not None else 0,
                 threads=self.child_threads,
+                nice=self.nice,
                 close_fds=(parent_conn.fileno(),) if method == "fork" else (),
                 environ=env.child_environ(),
                 cwd=os.getcwd(),
@@ -320,6 +323,7 @@ class ProcessSink(Sink):
         timeout: float = DEFAULT_TIMEOUT,
         child_threads: int = 8,
         pool: WriterPool | None = None,
+        nice: int = 0,
     ) -> None:
         super().__init__(uri, executor=executor, options=options)
         if policy.isolation != "process" or policy.start_method is None:
@@ -334,6 +338,7 @@ class ProcessSink(Sink):
         self.policy = policy
         self.timeout = timeout
         self.child_threads = child_threads
+        self.nice = nice  # the writer process's niceness (cpu_nice: its CPU is background work)
         self.arena: SharedArena | None = None
         self._pool = pool
         self._writer: WriterProcess | None = None
@@ -368,6 +373,7 @@ class ProcessSink(Sink):
             timeout=self.timeout,
             child_threads=self.child_threads,
             arena=self.arena,
+            nice=self.nice,
         )
 
     def _chosen(self) -> WriterProcess:
