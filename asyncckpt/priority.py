@@ -52,4 +52,3 @@ class CpuThreads(ThreadPoolExecutor):
         super().__init__(
             threads, thread_name_prefix="asyncckpt-cpu", initializer=_lower_this_thread, initargs=(nice,)
         )
-        self.nice = nice

@@ -338,15 +338,14 @@ def run_memcpy(args: argparse.Namespace) -> dict[str, Any]:
 
     model, opt = build(args.state_size, seed=1)
     train_step(model, opt, torch.randn(BATCH, WIDTH))
-    tensors = _tensors({"model": model.state_dict(), "optim": opt.state_dict()})
-    sources = [t.reshape(-1).view(torch.uint8).numpy() for t in tensors]
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    sources = [t.reshape(-1).view(torch.uint8).numpy() for t in _tensors(state)]
     nbytes = sum(len(s) for s in sources)
-    copies = [torch.empty_like(t) for t in tensors]
+    paired = PairedCopy(state)  # the same torch copy the training processes time
     flat = np.empty(nbytes, np.uint8)
 
     def torch_copy() -> None:
-        for dst, src in zip(copies, tensors, strict=True):
-            dst.copy_(src)
+        paired.run(state)
 
     def numpy_copy() -> None:
         offset = 0

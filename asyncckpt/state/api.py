@@ -23,8 +23,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
-import numpy as np
-
 from .. import modes
 from .._blocking import Offload, run_blocking
 from ..config import ALIGN
@@ -54,7 +52,7 @@ from .safetensors_format import (
     build_header,
     header_crc_ok,
 )
-from .staging import StagingArea, stage
+from .staging import StagingArea, copy_bytes, stage
 
 log = logging.getLogger("asyncckpt")
 _INLINE_COPY = 1 << 20
@@ -128,7 +126,7 @@ def finish_header(p: _Plan, data: Sequence[memoryview], chunk: int) -> tuple[byt
 
 def _copy_pieces(pieces: list[tuple[memoryview, memoryview]]) -> None:
     for dst, src in pieces:
-        np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
+        copy_bytes(dst, src)
 
 
 class StateMixin(LoadsMixin):

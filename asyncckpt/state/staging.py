@@ -49,8 +49,9 @@ class StagingArea:
             self._map = None
 
 
-def _copy_bytes(dst: memoryview, src: memoryview) -> None:
-    np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))  # releases the GIL
+def copy_bytes(dst: memoryview, src: memoryview) -> None:
+    """``dst[:] = src`` in a worker thread: NumPy releases the GIL (a memoryview copy does not)."""
+    np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
 
 
 def _run(pieces: list[tuple[Any, ...]]) -> None:
@@ -97,7 +98,7 @@ def split_copies(
         while need > 0:
             dst, src = runs[0]
             take = min(len(dst) - at, -(-need // ALIGN) * ALIGN)  # a cut falls on an ALIGN boundary
-            b.append((_copy_bytes, dst[at : at + take], src[at : at + take]))
+            b.append((copy_bytes, dst[at : at + take], src[at : at + take]))
             load[i] += take
             need -= take
             remaining -= take
