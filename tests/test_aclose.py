@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt._blocking import Offload
 from asyncckpt.pool import BufferPool
+from asyncckpt.sinks.base import SinkOptions
+from asyncckpt.sinks.file import FileSink
 from asyncckpt.units import MiB
 
 
@@ -52,3 +58,34 @@ async def test_aclose_shuts_down_and_unmaps_off_the_loop_thread() -> None:
     assert set(ckpt.seen) == {"shutdown", "unmap"}
     on_loop = sorted(what for what, thread in ckpt.seen.items() if thread == loop_thread)
     assert on_loop == [], f"ran on the event-loop thread: {on_loop}"
+
+
+class CountingExecutor(ThreadPoolExecutor):
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.calls = 0
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+async def test_a_file_sink_that_holds_nothing_closes_without_a_thread_hop(tmp_path: Path) -> None:
+    """A staged save checks its target with a sink it then closes, while the caller is
+    blocked: that close costs no thread hop (each was about 1 ms); one that holds a
+    temporary still removes it in a thread."""
+    executor = CountingExecutor()
+    try:
+        checked = FileSink(str(tmp_path / "ck"), executor=executor, options=SinkOptions())
+        checked.check()
+        await checked.aclose()
+        assert executor.calls == 0
+        opened = FileSink(str(tmp_path / "ck"), executor=executor, options=SinkOptions())
+        await opened.open(MiB)
+        assert opened.temp_path is not None and opened.temp_path.exists()
+        before = executor.calls
+        await opened.aclose()
+        assert executor.calls > before
+        assert await asyncio.to_thread(os.listdir, tmp_path) == []
+    finally:
+        executor.shutdown()

@@ -241,7 +241,8 @@ class FileSink(Sink):
             raise map_os_error(exc, f"finish {str(self.path)!r}") from None
 
     async def abort(self) -> None:
-        await run_blocking(self.executor, self._abort_sync)
+        if self._fd >= 0 or self._tmp is not None or self._scratch is not None:  # else no hop
+            await run_blocking(self.executor, self._abort_sync)
 
     def _abort_sync(self) -> None:
         if self._fd >= 0:
@@ -389,8 +390,11 @@ class FileSink(Sink):
             raise map_os_error(exc, f"list {str(self.path)!r}") from None
 
     async def aclose(self) -> None:
+        """Two thread hops at most, none for a sink that holds nothing (one made to check a
+        target before a staged save: the caller is blocked meanwhile)."""
         await self.abort()
-        await run_blocking(self.executor, self._close_read_sync)
+        if self._rfd >= 0 or self._bfd >= 0:
+            await run_blocking(self.executor, self._close_read_sync)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"direct_io": self.direct, "direct_io_reason": self.direct_reason}
