@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import gc
-import logging
 import os
 import subprocess
 import sys
@@ -18,23 +16,18 @@ import pytest
 
 from asyncckpt.seal import unseal
 
-SLOW_CALLBACK_S = 0.1
+from .loop_guard import guarded
+
 pytest_plugins = ["tests.plugins.s3servers"]
 
 
 @pytest.fixture(autouse=True)
-async def _no_blocking_in_loop(caplog: pytest.LogCaptureFixture) -> AsyncIterator[None]:
-    """Fail any async test during which a loop callback blocked for SLOW_CALLBACK_S or more.
-
-    asyncio's debug mode logs every callback slower than ``slow_callback_duration``: a
-    blocking call (a synchronous write, a sleep, a big memcpy) in the loop shows up here.
-    """
-    loop = asyncio.get_running_loop()
-    loop.set_debug(True)
-    loop.slow_callback_duration = SLOW_CALLBACK_S
-    with caplog.at_level(logging.WARNING, logger="asyncio"):
+async def _no_blocking_in_loop() -> AsyncIterator[None]:
+    """Fail any async test during which a loop callback blocked for 0.1 s or more
+    (a synchronous write, a sleep, a big memcpy or parse on the loop; see ``loop_guard``)."""
+    slow: list[str] = []
+    with guarded(slow):
         yield
-    slow = [r.getMessage() for r in caplog.records if r.name == "asyncio" and "took" in r.getMessage()]
     assert not slow, f"event loop was blocked: {slow}"
 
 

@@ -1,0 +1,117 @@
+"""Catch a test's event loop being blocked: every callback of the loop's thread is timed, and
+one that held the thread for ``SLOW_CALLBACK_S`` or more fails the test.
+
+Why not asyncio's debug mode (``slow_callback_duration``): it times wall-clock, so on a busy
+2-core machine a callback that merely waited for a CPU looks blocked; and its own bookkeeping
+(a stack with an ``os.stat`` per frame for every handle) waits for the GIL at each of those
+calls whenever a worker thread runs Python, which inflated the same callbacks 10-fold. Here
+the time the thread spent runnable but waiting for a CPU (``/proc/thread-self/schedstat``,
+second field) is taken out: what is left is the callback computing, sleeping or blocked in a
+call, which is what "never block the loop" is about. Time in the garbage collector (in
+any thread: it holds the GIL) is taken out too: a full collection of a test process's heap
+takes 0.1-0.15 s wherever allocations trigger it, whoever made the garbage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+SLOW_CALLBACK_S = 0.1
+_SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+class _GcClock:
+    """Seconds spent in the garbage collector since the process started watching."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._start
+
+
+def _runqueue_wait(fd: int) -> float:
+    """Seconds this thread has spent runnable but not running (waiting for a CPU)."""
+    return int(os.pread(fd, 96, 0).split()[1]) / 1e9
+
+
+def _describe(handle: asyncio.Handle) -> str:
+    """The task a wake-up ran (its coroutine and where it stopped next), else the handle."""
+    owner = getattr(getattr(handle, "_callback", None), "__self__", None)
+    return f"{owner if isinstance(owner, asyncio.Task) else handle!r:.400}"
+
+
+class _Sampler(threading.Thread):
+    """Where the loop's thread is, sampled once a callback has run for ``SLOW_CALLBACK_S / 2``
+    (the failure message then shows the line that held it, not only the task)."""
+
+    def __init__(self, thread: int) -> None:
+        super().__init__(name="loop-guard-sampler", daemon=True)
+        self.thread = thread
+        self.started_at = 0.0  # of the running callback; 0 between callbacks
+        self.stack = ""
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(SLOW_CALLBACK_S / 5):
+            started = self.started_at
+            if started and not self.stack and time.perf_counter() - started > SLOW_CALLBACK_S / 2:
+                frame = sys._current_frames().get(self.thread)
+                if frame is not None:
+                    self.stack = "".join(traceback.format_stack(frame)[-14:])
+                # a kept frame keeps its locals alive: a stream whose drop aborts an upload
+                # (Mountpoint's) would then never be dropped
+                del frame
+
+
+@contextmanager
+def guarded(slow: list[str]) -> Iterator[None]:
+    """While active, append a description of each blocking callback run on this thread."""
+    thread = threading.get_ident()
+    fd = os.open(_SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)  # opened here: this thread's stats
+    original = asyncio.events.Handle._run
+    gc_clock = _GcClock()
+    gc.callbacks.append(gc_clock)
+
+    def timed(handle: asyncio.Handle) -> Any:
+        if threading.get_ident() != thread:
+            return original(handle)
+        t0, w0, g0 = time.perf_counter(), _runqueue_wait(fd), gc_clock.total
+        sampler.stack, sampler.started_at = "", t0
+        try:
+            return original(handle)
+        finally:
+            sampler.started_at = 0.0
+            took = time.perf_counter() - t0
+            if took >= SLOW_CALLBACK_S:
+                waited = _runqueue_wait(fd) - w0 + gc_clock.total - g0
+                if took - waited >= SLOW_CALLBACK_S:
+                    slow.append(
+                        f"{_describe(handle)} took {took:.3f} s ({waited:.3f} s of it for a CPU or in GC)"
+                        f"; the loop's thread was at:\n{sampler.stack or '(not sampled)'}"
+                    )
+
+    sampler = _Sampler(thread)
+    sampler.start()
+    asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        asyncio.events.Handle._run = original  # type: ignore[method-assign]
+        gc.callbacks.remove(gc_clock)
+        sampler.stop.set()
+        sampler.join()
+        os.close(fd)
