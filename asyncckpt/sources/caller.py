@@ -6,6 +6,7 @@ any size are packed into whole buffers here; the copy runs in the executor, off 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from concurrent.futures import Executor
@@ -18,6 +19,8 @@ from .base import Source
 
 Buffer = bytes | bytearray | memoryview
 _INLINE_COPY = 1 << 20
+#: items packed into one buffer between turns of the loop (each costs a few microseconds)
+_YIELD_EVERY = 256
 CallerData = Buffer | Iterable[Buffer] | AsyncIterable[Buffer]
 
 
@@ -74,9 +77,12 @@ class CallerSource(Source):
     async def fill(self, buf: memoryview, executor: Executor) -> tuple[int, float]:
         start = time.perf_counter()
         want = min(len(buf), self.total_size - self.position)
-        filled = 0
+        filled = items = 0
         while filled < want:
             if not self._pending:
+                items += 1
+                if items % _YIELD_EVERY == 0:  # thousands of small tensors in one chunk
+                    await asyncio.sleep(0)
                 item = await self._next_item()
                 if item is None:
                     raise IntegrityError(
