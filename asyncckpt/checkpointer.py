@@ -28,7 +28,7 @@ from .priority import CpuThreads
 from .results import RunSetup, SaveResult
 from .runinfo import run_fields
 from .seal import sealer_for
-from .sinks import BACKENDS, SinkOptions, resolve_backend
+from .sinks import BACKENDS, SinkOptions, import_backend, resolve_backend
 from .sinks.base import Sink
 from .sinks.store import Store
 from .sources import CallerData, make_source
@@ -39,6 +39,8 @@ from .topology import thread_budget
 from .watchdog import unwrap, watch
 
 log = logging.getLogger("asyncckpt")
+#: backends whose modules this process has imported (off the loop, by ``_sink``)
+_IMPORTED: set[str] = set()
 METHODS = modes.choices(modes.SaveMethod)
 
 
@@ -154,7 +156,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
     async def delete(self, uri: str | os.PathLike[str]) -> None:
         """Remove a published checkpoint and its manifest (no error if absent)."""
         for target in (manifest_uri(os.fspath(uri)), os.fspath(uri)):  # manifest first: never valid alone
-            sink = self._sink(target)
+            sink = await self._sink(target)
             try:
                 await sink.delete()
             finally:
@@ -184,8 +186,26 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         return await steps.latest_step(self, root)
 
     # -- saving ------------------------------------------------------------------------
-    def _sink(self, uri: str) -> Sink:
+    async def _sink(self, uri: str) -> Sink:
         """Every sink runs under the stall watchdog; a stall retires the pool and executor."""
+        await self._import_for(uri)
+        return self._new_sink(uri)
+
+    async def _import_for(self, uri: object) -> None:
+        """Import the backend's module and client library in a thread the first time (``import
+        s3dlio`` takes 1.6 s, aiobotocore's a few tenths): not on the loop. A writer process
+        imports its own."""
+        if not isinstance(uri, (str, os.PathLike)):
+            return  # _new_sink names the bad value
+        cfg = self.config
+        name = resolve_backend(os.fspath(uri), cfg.backend)
+        policy = resolve_policy(name, isolation=cfg.isolation, mp_start_method=cfg.mp_start_method)
+        if name not in _IMPORTED and policy.isolation != "process":
+            await run_blocking(self._ensure_executor(), import_backend, name)
+            _IMPORTED.add(name)
+
+    def _new_sink(self, uri: str) -> Sink:
+        """:meth:`_sink` without the import (for the synchronous ``iter_load``)."""
 
         def stalled() -> None:
             self._stalled = True
@@ -275,7 +295,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                 raise ConfigError("size is required unless data is a bytes-like object")
             size = memoryview(data).nbytes  # type: ignore[arg-type]
         size = validate_size(size)
-        sink = self._sink(os.fspath(uri))
+        sink = await self._sink(os.fspath(uri))
         sink.check()
         try:
             async with self._lock:  # one save at a time per pool

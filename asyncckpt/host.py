@@ -25,8 +25,16 @@ class CheckpointerCore(Protocol):
     _budget: ThreadBudget
     _lock: asyncio.Lock  # one operation at a time per pool
 
-    def _sink(self, uri: str) -> Sink:
+    async def _sink(self, uri: str) -> Sink:
         """A sink for ``uri`` (watched for stalls, in a writer process when isolated)."""
+        ...
+
+    def _new_sink(self, uri: str) -> Sink:
+        """:meth:`_sink` for synchronous callers (the backend may get imported on the loop)."""
+        ...
+
+    async def _import_for(self, uri: object) -> None:
+        """Import ``uri``'s backend in a thread, once."""
         ...
 
     def _ensure_executor(self) -> Offload:

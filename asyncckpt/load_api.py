@@ -88,7 +88,7 @@ class LoadsMixin(CheckpointerCore):
         """What is at ``uri``: nothing, an asyncckpt checkpoint (sealed, or with the sidecar
         manifest of an older save), or something else. Reads only the object's tail; a tool
         that writes where users keep data asks this before it overwrites anything."""
-        sink = self._sink(os.fspath(uri))
+        sink = await self._sink(os.fspath(uri))
         sink.check()
         try:
             try:
@@ -102,7 +102,7 @@ class LoadsMixin(CheckpointerCore):
                     return "checkpoint"
             except IntegrityError:
                 return "checkpoint"  # our footer or header, damaged: still ours to replace
-            sidecar = self._sink(manifest_uri(sink.uri))
+            sidecar = await self._sink(manifest_uri(sink.uri))
             try:
                 await sidecar.size()
                 return "checkpoint"
@@ -130,6 +130,7 @@ class LoadsMixin(CheckpointerCore):
         byte) or False (pure reads). ``into``: a writable buffer that receives the bytes.
         """
         target = _writable(into) if into is not None else None
+        await self._import_for(uri)
         stream = self._stream(uri, verify, num_readers, read_chunk_size, defeat_cache, progress, target)
         executor = self._ensure_executor()
         offset = 0
@@ -173,7 +174,7 @@ class LoadsMixin(CheckpointerCore):
                 f"read_chunk_size={chunk} exceeds the pool's chunk_size={cfg.chunk_size}: "
                 "reads land in pooled buffers"
             )
-        sink = self._sink(os.fspath(uri))
+        sink = self._new_sink(os.fspath(uri))
         sink.check()
         readers = num_readers
         if readers is None:
@@ -198,6 +199,7 @@ class LoadsMixin(CheckpointerCore):
         into: memoryview | None,
     ) -> AsyncGenerator[memoryview, None]:
         uri = state.uri = sink.uri
+        await self._import_for(uri)  # iter_load made its sink synchronously: a library it defers
         state.backend = sink.backend
         msink: Sink | None = None
         verifier: Verifier | None = None
@@ -218,7 +220,7 @@ class LoadsMixin(CheckpointerCore):
                     if manifest is None:  # a save_state object: its header holds the checksums
                         manifest = await state_manifest(sink, object_size, uri)
                     if manifest is None:  # a save of asyncckpt < 0.2: the manifest is a sidecar
-                        msink = self._sink(manifest_uri(uri))
+                        msink = await self._sink(manifest_uri(uri))
                         manifest = await read_manifest(msink, uri)
                         state.identity_note = identity_note(manifest, sink.describe(), uri)
                         check_size(manifest, object_size, uri, state.identity_note)

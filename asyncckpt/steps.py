@@ -88,7 +88,7 @@ def rank_object(rank: int, world: int) -> str:
 
 # -- small operations through the checkpointer's handles -----------------------------------
 async def _list(ckpt: AsyncCheckpointer, uri: str) -> list[str]:
-    sink = ckpt._sink(uri)
+    sink = await ckpt._sink(uri)
     try:
         return await sink.list_names()
     finally:
@@ -97,7 +97,7 @@ async def _list(ckpt: AsyncCheckpointer, uri: str) -> list[str]:
 
 async def put_record(ckpt: AsyncCheckpointer, uri: str, record: Mapping[str, Any]) -> None:
     """Publish a small JSON record at ``uri`` atomically (the backend's one commit)."""
-    sink = ckpt._sink(uri)
+    sink = await ckpt._sink(uri)
     try:
         await put_bytes(sink, json.dumps(record, sort_keys=True).encode())
     finally:
@@ -106,7 +106,7 @@ async def put_record(ckpt: AsyncCheckpointer, uri: str, record: Mapping[str, Any
 
 async def get_record(ckpt: AsyncCheckpointer, uri: str) -> dict[str, Any] | None:
     """The JSON record at ``uri``; None if absent."""
-    sink = ckpt._sink(uri)
+    sink = await ckpt._sink(uri)
     try:
         raw = await get_bytes(sink)
     except TargetNotFoundError:
@@ -123,7 +123,7 @@ async def get_record(ckpt: AsyncCheckpointer, uri: str) -> dict[str, Any] | None
 
 
 async def _delete(ckpt: AsyncCheckpointer, uri: str) -> None:
-    sink = ckpt._sink(uri)
+    sink = await ckpt._sink(uri)
     try:
         await sink.delete()
     finally:

@@ -17,7 +17,7 @@ from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.steps import COMMIT, OWNER, latest_step, read_commit, steps_under
 
 from .launch import mpirun, torchrun
-from .s3_harness import CHUNK, new_bucket
+from .s3_harness import CHUNK, new_bucket, s3_call
 
 MiB = 1 << 20
 
@@ -41,28 +41,28 @@ async def test_list_names_of_a_directory(tmp_path: Path) -> None:
         await c.save(tmp_path / "a" / "x.bin", 4096)
         await c.save(tmp_path / "b.bin", 4096)
         (tmp_path / ".b.bin.ackpt~h~00000000~1~00000000.partial").write_bytes(b"")  # a temporary
-        sink = c._sink(str(tmp_path))
+        sink = await c._sink(str(tmp_path))
         assert await sink.list_names() == ["a", "b.bin"]
         await sink.aclose()
-        missing = c._sink(str(tmp_path / "nope"))
+        missing = await c._sink(str(tmp_path / "nope"))
         assert await missing.list_names() == []
         await missing.aclose()
         with pytest.raises(ConfigError, match="is a file"):
-            await (c._sink(str(tmp_path / "b.bin"))).list_names()
+            await (await c._sink(str(tmp_path / "b.bin"))).list_names()
 
 
 @pytest.mark.parametrize("backend", ["aiobotocore", "minio", "s3dlio", "s3torchconnector", "obstore"])
 async def test_list_names_on_s3(s3_endpoint: S3Endpoint, backend: str) -> None:
     """Each library's _list primitive (s3dlio and obstore through the writer process)."""
     bucket = await asyncio.to_thread(new_bucket, s3_endpoint)
-    client = s3_endpoint.client()
+    client = await asyncio.to_thread(s3_endpoint.client)
     for key in ("run/step-1/a", "run/step-1/b", "run/step-2/a", "run/top", "runner/x", "other/y"):
         await asyncio.to_thread(client.put_object, Bucket=bucket, Key=key, Body=b"x")
     async with AsyncCheckpointer(
         chunk_size=CHUNK, num_buffers=3, backend=backend, backend_options=s3_endpoint.options()
     ) as c:
         for uri, want in [("run", ["step-1", "step-2", "top"]), ("run/step-1", ["a", "b"]), ("none", [])]:
-            sink = c._sink(f"s3://{bucket}/{uri}")
+            sink = await c._sink(f"s3://{bucket}/{uri}")
             try:
                 assert await sink.list_names() == want, (backend, uri)
             finally:
@@ -218,7 +218,7 @@ async def test_manager_on_s3_keeps_last_and_restores(s3_endpoint: S3Endpoint) ->
         for step in (1, 2, 3):
             await mgr.maybe_save(step, state_of(step))
     assert mgr.stats.saved == [1, 2, 3] and mgr.stats.deleted == [1, 2]
-    listed = await asyncio.to_thread(s3_endpoint.client().list_objects_v2, Bucket=bucket)
+    listed = await s3_call(s3_endpoint, "list_objects_v2", Bucket=bucket)
     keys = sorted(o["Key"] for o in listed["Contents"])
     assert keys == [
         "run/step-3/COMMITTED.json",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from concurrent.futures import Executor
 from urllib.parse import urlsplit
@@ -69,6 +70,14 @@ def backend_class(name: str) -> type[Sink]:
     if not (isinstance(factory, type) and issubclass(factory, Sink)):
         raise ConfigError(f"backend {name!r} is registered as a factory, not a Sink class")
     return factory
+
+
+def import_backend(name: str) -> None:
+    """Import the module and client library of backend ``name`` (blocking: ``import s3dlio``
+    takes over a second, so a checkpointer does it in a thread before its first sink)."""
+    if name in S3_BACKENDS:
+        sink_class(name)
+        importlib.import_module(S3_BACKENDS[name][2])  # a sink module may defer its library
 
 
 def make_sink(uri: str, *, backend: str | None, executor: Executor, options: SinkOptions) -> Sink:

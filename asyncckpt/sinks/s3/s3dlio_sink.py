@@ -30,10 +30,17 @@ from .common import ErrorFields, export_to_environment, fields_from_text, log, s
 from .core import AppendSink, Placed
 from .sigv4 import error_code, error_message, request_with_settings
 
-try:
-    import s3dlio
-except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise MissingDependencyError("s3dlio", "s3dlio", "backend 's3dlio' (s3://)") from exc
+
+def _s3dlio() -> Any:
+    """s3dlio, imported on first use: the import takes 1-1.6 s (its runtime starts), and this
+    module is imported for the class's capabilities when a configuration is checked, on the
+    caller's loop; a checkpointer imports the library itself in a thread (``import_backend``)."""
+    try:
+        import s3dlio
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise MissingDependencyError("s3dlio", "s3dlio", "backend 's3dlio' (s3://)") from exc
+    return s3dlio
+
 
 _configured: tuple[object, ...] | None = None
 #: endpoints seen refusing s3dlio's DeleteObjects: later deletes go straight to a plain DELETE
@@ -60,7 +67,7 @@ def _configure(sink: S3dlioSink) -> None:
                 }
             )
             env.export({"S3DLIO_UNSIGNED_PAYLOAD": None if s.payload_signing else "1"})
-            s3dlio.configure_s3(endpoint_url=s.endpoint_url, region=s.region, ca_bundle=s.ca_bundle)
+            _s3dlio().configure_s3(endpoint_url=s.endpoint_url, region=s.region, ca_bundle=s.ca_bundle)
             _configured = fingerprint
         elif _configured != fingerprint:
             raise ConfigError(
@@ -88,12 +95,19 @@ class S3dlioSink(AppendSink):
         return fields_from_text(exc, unreachable_markers=("connect", "dispatch failure"))
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        _configure(self)
-        return await run_blocking(self.executor, lambda: fn(*args, **kwargs))
+        """``fn(*args, **kwargs)`` in a thread; ``fn`` is a name of s3dlio's (``"put_bytes"``,
+        looked up there: the first use imports s3dlio) or a callable."""
+
+        def call() -> Any:
+            _configure(self)
+            found = getattr(_s3dlio(), fn) if isinstance(fn, str) else fn
+            return found(*args, **kwargs)
+
+        return await run_blocking(self.executor, call)
 
     async def _open_stream(self) -> Any:
         return await self._call(
-            s3dlio.MultipartUploadWriter.from_uri,
+            lambda *a, **k: _s3dlio().MultipartUploadWriter.from_uri(*a, **k),
             self.uri,
             part_size=self.part_size,
             max_in_flight=self.settings.max_in_flight,
@@ -133,24 +147,24 @@ class S3dlioSink(AppendSink):
         await self._call(writer.abort)
 
     async def _put(self, data: bytes) -> str | None:
-        await self._call(s3dlio.put_bytes, self.uri, data)
+        await self._call("put_bytes", self.uri, data)
         return None  # s3dlio's put returns no ETag: one HEAD learns it
 
     async def _get(self, offset: int, buf: memoryview) -> int:
-        data = await self._call(s3dlio.get_range, self.uri, offset, len(buf))
+        data = await self._call("get_range", self.uri, offset, len(buf))
         view = memoryview(data).cast("B")
         buf[: len(view)] = view
         return len(view)
 
     async def _head(self) -> tuple[int, str | None]:
-        info = await self._call(s3dlio.stat, self.uri)
+        info = await self._call("stat", self.uri)
         return int(info["size"]), info.get("etag")
 
     async def _delete(self) -> None:
         endpoint = self.settings.endpoint_url
         if endpoint not in _NEEDS_PLAIN_DELETE:
             try:
-                await self._call(s3dlio.delete, self.uri)
+                await self._call("delete", self.uri)
                 return
             except Exception as exc:
                 if "Content-MD5" not in str(exc):
@@ -185,7 +199,7 @@ class S3dlioSink(AppendSink):
         raise storage_error(code, text, self.what("delete"), s)
 
     async def _list(self, prefix: str) -> list[str]:
-        found = await self._call(s3dlio.list, f"s3://{self.bucket}/{prefix}", recursive=True)
+        found = await self._call("list", f"s3://{self.bucket}/{prefix}", recursive=True)
         base = f"s3://{self.bucket}/"  # s3dlio answers with URIs (older versions: keys)
         return [str(u)[len(base) :] if str(u).startswith(base) else str(u) for u in found]
 
