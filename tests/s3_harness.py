@@ -98,6 +98,12 @@ def new_bucket(server: S3Endpoint) -> str:
     return server.create_bucket(f"t-{uuid.uuid4().hex[:16]}")
 
 
+async def s3_call(server: S3Endpoint, method: str, **kwargs: Any) -> Any:
+    """One boto3 call to check a result, in a thread: the client too is made there (its first
+    making imports boto3 and reads botocore's models, 0.1-0.2 s that the loop guard flags)."""
+    return await asyncio.to_thread(lambda: getattr(server.client(), method)(**kwargs))
+
+
 def run_child_suite(
     test_file: str, server: S3Endpoint, selection: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:

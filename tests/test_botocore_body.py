@@ -25,7 +25,7 @@ from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .conftest import checkpoint_data, expected_bytes
 from .relay import counting
-from .s3_harness import in_child, new_bucket
+from .s3_harness import in_child, new_bucket, s3_call
 
 pytestmark = pytest.mark.skipif(in_child(), reason="aiobotocore runs in the parent process")
 
@@ -50,7 +50,7 @@ async def test_each_option_changes_the_part_requests_as_documented(
             chunk_size=CHUNK, num_buffers=3, backend="aiobotocore", backend_options=options, seed=3
         ) as ckpt:
             await ckpt.save(f"s3://{bucket}/o.bin", size)
-    response = await asyncio.to_thread(s3_endpoint.client().get_object, Bucket=bucket, Key="o.bin")
+    response = await s3_call(s3_endpoint, "get_object", Bucket=bucket, Key="o.bin")
     stored = await asyncio.to_thread(response["Body"].read)
     assert checkpoint_data(stored) == expected_bytes(size, CHUNK, 3)
     assert len(front.heads) == 3  # two full parts, then the last with the sealed footer

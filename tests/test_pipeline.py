@@ -156,8 +156,8 @@ async def test_async_iterable_caller_data(tmp_path: Path) -> None:
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
         result = await ckpt.save(tmp_path / "state.bin", len(blob), data=stream())
         await ckpt.save(tmp_path / "bytes.bin", data=blob)
-    assert checkpoint_data((tmp_path / "state.bin").read_bytes()) == blob
-    assert checkpoint_data((tmp_path / "bytes.bin").read_bytes()) == blob
+    for name in ("state.bin", "bytes.bin"):
+        assert checkpoint_data(await asyncio.to_thread((tmp_path / name).read_bytes)) == blob
     assert result.metadata.generator == "caller"
 
 

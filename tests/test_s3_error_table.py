@@ -21,6 +21,7 @@ from asyncckpt import AsyncCheckpointer, MiB
 from asyncckpt.errors import StorageError, StoragePermissionError, TargetNotFoundError
 from asyncckpt.servers.s3endpoint import S3Endpoint
 
+from .plugins.s3servers import private_auth_server
 from .relay import FaultyFront
 from .s3_harness import in_child, new_bucket
 
@@ -107,7 +108,7 @@ async def test_error_table(
     provoke, expected, words = TABLE[row]
     server = s3_endpoint
     if row == "wrong secret" and s3_endpoint.kind == "moto":
-        server = request.getfixturevalue("auth_server")  # plain moto accepts any secret
+        server = await private_auth_server(request)  # plain moto accepts any secret
     bucket = await asyncio.to_thread(new_bucket, server)
     err = await provoke(backend, server, bucket)
     assert type(err) is expected, f"{backend}/{row}: {type(err).__name__}: {err}"

@@ -25,7 +25,8 @@ from asyncckpt import (
 from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .conftest import checkpoint_data, expected_bytes
-from .s3_harness import CHUNK, in_child, new_bucket, run_child_suite, s3_backends
+from .plugins.s3servers import private_auth_server
+from .s3_harness import CHUNK, in_child, new_bucket, run_child_suite, s3_backends, s3_call
 from .s3_server import TcpProxy
 
 BACKENDS = s3_backends()
@@ -37,12 +38,12 @@ def checkpointer(backend: str, options: dict[str, object], **kw: object) -> Asyn
 
 async def uploads(server: S3Endpoint, bucket: str) -> list[str]:
     """Unfinished multipart uploads, listed by an independent client (off the loop)."""
-    listing = await asyncio.to_thread(server.client().list_multipart_uploads, Bucket=bucket)
+    listing = await s3_call(server, "list_multipart_uploads", Bucket=bucket)
     return [u["Key"] for u in listing.get("Uploads", [])]
 
 
 async def exists(server: S3Endpoint, bucket: str, key: str) -> bool:
-    listing = await asyncio.to_thread(server.client().list_objects_v2, Bucket=bucket, Prefix=key)
+    listing = await s3_call(server, "list_objects_v2", Bucket=bucket, Prefix=key)
     return "Contents" in listing
 
 
@@ -51,9 +52,9 @@ async def test_save_round_trip_exact_bytes(backend: str, s3_env: S3Endpoint) -> 
     bucket = await asyncio.to_thread(new_bucket, s3_env)
     async with checkpointer(backend, s3_env.options(), seed=11) as ckpt:
         result = await ckpt.save(f"s3://{bucket}/ckpt.bin", 3 * CHUNK + 99)
-    response = await asyncio.to_thread(s3_env.client().get_object, Bucket=bucket, Key="ckpt.bin")
+    response = await s3_call(s3_env, "get_object", Bucket=bucket, Key="ckpt.bin")
     body = await asyncio.to_thread(response["Body"].read)
-    assert checkpoint_data(body) == expected_bytes(3 * CHUNK + 99, CHUNK, 11)
+    assert checkpoint_data(body) == await asyncio.to_thread(expected_bytes, 3 * CHUNK + 99, CHUNK, 11)
     extra = result.metadata.extra
     assert extra["parts"] == 4 and extra["part_size"] == CHUNK
     assert extra["part_latency_p99_s"] >= extra["part_latency_p50_s"] > 0
@@ -71,10 +72,9 @@ async def test_aiobotocore_signing_and_checksum_options(
     options = s3_env.options(payload_signing=signing, checksums=checksums)
     async with checkpointer("aiobotocore", options, seed=5) as ckpt:
         result = await ckpt.save(f"s3://{bucket}/o.bin", 2 * CHUNK + 1)
-    response = await asyncio.to_thread(s3_env.client().get_object, Bucket=bucket, Key="o.bin")
-    assert checkpoint_data(await asyncio.to_thread(response["Body"].read)) == expected_bytes(
-        2 * CHUNK + 1, CHUNK, 5
-    )
+    response = await s3_call(s3_env, "get_object", Bucket=bucket, Key="o.bin")
+    want = await asyncio.to_thread(expected_bytes, 2 * CHUNK + 1, CHUNK, 5)
+    assert checkpoint_data(await asyncio.to_thread(response["Body"].read)) == want
     assert result.metadata.extra["payload_signing"] is signing
     assert result.metadata.extra["checksums"] == checksums
 
@@ -121,7 +121,7 @@ async def test_wrong_credentials_permission_error_without_secret(
 ) -> None:
     # moto accepts any credentials unless it enforces IAM (a private server); Swift's tempauth
     # checks the secret of its one test account
-    server: S3Endpoint = request.getfixturevalue("auth_server") if s3_env.kind == "moto" else s3_env
+    server = await private_auth_server(request) if s3_env.kind == "moto" else s3_env
     bucket = await asyncio.to_thread(new_bucket, server)
     if backend != "s3dlio":  # s3dlio keeps its first credentials for the whole process
         async with checkpointer(backend, server.options()) as ckpt:  # the account itself works

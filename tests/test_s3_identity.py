@@ -16,7 +16,7 @@ from asyncckpt import AsyncCheckpointer, ManifestMissingError
 from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .conftest import expected_bytes
-from .s3_harness import CHUNK, in_child, new_bucket, run_child_suite, s3_backends
+from .s3_harness import CHUNK, in_child, new_bucket, run_child_suite, s3_backends, s3_call
 
 BACKENDS = s3_backends()
 #: backends whose save and whose HEAD both learn the ETag (s3dlio's stat result is not recorded)
@@ -31,7 +31,7 @@ def checkpointer(backend: str, options: dict[str, object], seed: int) -> AsyncCh
 
 async def put_other(server: S3Endpoint, bucket: str, key: str, body: bytes) -> None:
     """Replace the object with one plain PUT from an independent client (off the loop)."""
-    await asyncio.to_thread(server.client().put_object, Bucket=bucket, Key=key, Body=body)
+    await s3_call(server, "put_object", Bucket=bucket, Key=key, Body=body)
 
 
 @pytest.mark.parametrize("size", [1000, 2 * CHUNK + 3], ids=["single-put", "multipart"])
@@ -57,11 +57,13 @@ async def test_an_object_replaced_after_the_save_is_judged_by_its_own_footer(
     uri = f"s3://{bucket}/x.bin"
     async with checkpointer(backend, s3_env.options(), seed=4) as ckpt:
         await ckpt.save(uri, size)
-        await put_other(s3_env, bucket, "x.bin", expected_bytes(size, CHUNK, 4))  # the data alone
+        await put_other(
+            s3_env, bucket, "x.bin", await asyncio.to_thread(expected_bytes, size, CHUNK, 4)
+        )  # the data alone
         with pytest.raises(ManifestMissingError, match="has no manifest"):
             await ckpt.load(uri, verify=True)
         await ckpt.save(f"s3://{bucket}/y.bin", size + 1)
-        other = await asyncio.to_thread(s3_env.client().get_object, Bucket=bucket, Key="y.bin")
+        other = await s3_call(s3_env, "get_object", Bucket=bucket, Key="y.bin")
         await put_other(s3_env, bucket, "x.bin", await asyncio.to_thread(other["Body"].read))
         loaded = await ckpt.load(uri, verify="regenerate")
     assert loaded.size_bytes == size + 1

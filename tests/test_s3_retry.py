@@ -17,7 +17,7 @@ from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .conftest import checkpoint_data, expected_bytes
 from .relay import FaultyFront, is_create, is_part, is_part_2, part_number
-from .s3_harness import CHUNK, in_child, new_bucket
+from .s3_harness import CHUNK, in_child, new_bucket, s3_call
 
 pytestmark = pytest.mark.skipif(in_child(), reason="aiobotocore runs in the parent process only")
 
@@ -42,7 +42,7 @@ async def stored(server: S3Endpoint, bucket: str, key: str) -> bytes:
 
 
 async def uploads(server: S3Endpoint, bucket: str) -> list[str]:
-    listing = await asyncio.to_thread(server.client().list_multipart_uploads, Bucket=bucket)
+    listing = await s3_call(server, "list_multipart_uploads", Bucket=bucket)
     return [u["Key"] for u in listing.get("Uploads", [])]
 
 

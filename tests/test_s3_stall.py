@@ -18,7 +18,7 @@ from asyncckpt import AsyncCheckpointer, StallError, StorageError
 from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.sinks.s3 import sink_class
 
-from .s3_harness import CHUNK, S3_IN_PROCESS, in_child, new_bucket, run_child_suite
+from .s3_harness import CHUNK, S3_IN_PROCESS, in_child, new_bucket, run_child_suite, s3_call
 from .s3_server import TcpProxy
 
 STALL_S = 2.0
@@ -42,7 +42,7 @@ if not in_child():  # importing a client library takes ~0.2 s: not inside a time
 
 
 async def visible(ep: S3Endpoint, bucket: str) -> list[str]:
-    listing = await asyncio.to_thread(ep.client().list_objects_v2, Bucket=bucket)
+    listing = await s3_call(ep, "list_objects_v2", Bucket=bucket)
     return [o["Key"] for o in listing.get("Contents", [])]
 
 

@@ -17,7 +17,7 @@ from asyncckpt import AsyncCheckpointer
 from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .conftest import checkpoint_data, expected_bytes
-from .s3_harness import CHUNK, in_child, new_bucket, run_child_suite
+from .s3_harness import CHUNK, in_child, new_bucket, run_child_suite, s3_call
 
 SIZE = 3 * CHUNK + 99  # a short last chunk: the footer follows it
 SEED = 23
@@ -33,7 +33,7 @@ def checkpointer(ep: S3Endpoint, **kw: object) -> AsyncCheckpointer:
 
 
 async def stored(ep: S3Endpoint, bucket: str, key: str) -> bytes:
-    response = await asyncio.to_thread(ep.client().get_object, Bucket=bucket, Key=key)
+    response = await s3_call(ep, "get_object", Bucket=bucket, Key=key)
     body: bytes = await asyncio.to_thread(response["Body"].read)
     return body
 

@@ -18,7 +18,7 @@ from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .conftest import checkpoint_data, expected_bytes
 from .plugins.s3servers import SMALL_DISK, Servers, endpoint_from_json, endpoint_to_json, small_disk_swift
-from .s3_harness import in_child, new_bucket, run_child_suite, s3_backends
+from .s3_harness import in_child, new_bucket, run_child_suite, s3_backends, s3_call
 
 pytestmark = pytest.mark.realstore  # every test here needs Swift
 BACKENDS = s3_backends()
@@ -51,8 +51,8 @@ async def test_save_load_verify_many_parts_then_overwrite_and_delete(
     async with checkpointer(backend, ep, seed=21) as ckpt:
         saved = await ckpt.save(uri, size)
         loaded = await ckpt.load(uri)  # verified against the manifest (CRC32C per chunk)
-        head = await asyncio.to_thread(ep.client().head_object, Bucket=bucket, Key="many.bin")
-        got = await asyncio.to_thread(ep.client().get_object, Bucket=bucket, Key="many.bin")
+        head = await s3_call(ep, "head_object", Bucket=bucket, Key="many.bin")
+        got = await s3_call(ep, "get_object", Bucket=bucket, Key="many.bin")
         body = await asyncio.to_thread(got["Body"].read)
         small = await ckpt.save(uri, 1000)  # replaces the manifest (a delete on the way): one PUT
         assert (await ckpt.load(uri)).size_bytes == 1000
@@ -61,7 +61,7 @@ async def test_save_load_verify_many_parts_then_overwrite_and_delete(
     if backend != "s3torchconnector":  # the CRT stream does not report the ETag
         assert str(saved.metadata.extra["etag"]).strip('"').endswith(f"-{MANY + 1}")
     assert head["ETag"].strip('"').endswith(f"-{MANY + 1}")  # Swift's multipart ETag: md5-of-md5s-N
-    assert checkpoint_data(body) == expected_bytes(size, PART, 21)
+    assert checkpoint_data(body) == await asyncio.to_thread(expected_bytes, size, PART, 21)
     assert loaded.operation == "load" and loaded.size_bytes == size
     assert await asyncio.to_thread(listing, ep, bucket) == ([], [])  # object and manifest deleted
 

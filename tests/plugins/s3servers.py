@@ -30,6 +30,7 @@ Interface — what S3 suites rely on (registered in tests/conftest.py via ``pyte
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -166,6 +167,13 @@ def auth_server() -> Iterator[S3Endpoint]:
 
     with MotoServer(auth=True) as server:
         yield provision_user(server)
+
+
+async def private_auth_server(request: pytest.FixtureRequest) -> S3Endpoint:
+    """The ``auth_server`` fixture, asked for inside an async test: its setup starts a server
+    and waits for it (0.6 s), so it runs in a thread, not on the test's loop."""
+    server: S3Endpoint = await asyncio.to_thread(request.getfixturevalue, "auth_server")
+    return server
 
 
 @pytest.fixture
