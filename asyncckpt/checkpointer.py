@@ -16,7 +16,7 @@ from .commit import commit, note_publication
 from .config import CheckpointConfig, validate_size
 from .cpu import helper_threads
 from .errors import ConfigError
-from .isolation import SharedBufferPool, resolve_policy
+from .isolation import SharedBufferPool, WriterPolicy, resolve_policy
 from .isolation.process_sink import ProcessSink, WriterPool
 from .load_api import LoadsMixin
 from .manifest import manifest_uri
@@ -188,45 +188,48 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
     # -- saving ------------------------------------------------------------------------
     async def _sink(self, uri: str) -> Sink:
         """Every sink runs under the stall watchdog; a stall retires the pool and executor."""
-        await self._import_for(uri)
-        return self._new_sink(uri)
+        name, policy = self._route(uri)
+        await self._import(name, policy)
+        return self._watched(uri, name, policy)
 
     async def _import_for(self, uri: object) -> None:
+        """Import ``uri``'s backend in a thread, once (``load`` and ``iter_load``)."""
+        await self._import(*self._route(uri))
+
+    def _new_sink(self, uri: str) -> Sink:
+        """:meth:`_sink` without the import (for the synchronous ``iter_load``)."""
+        return self._watched(uri, *self._route(uri))
+
+    def _route(self, uri: object) -> tuple[str, WriterPolicy]:
+        """The backend serving ``uri`` and whether it runs in a writer process."""
+        if not isinstance(uri, (str, os.PathLike)):
+            raise ConfigError(f"uri must be a string or path, got {uri!r}")
+        cfg = self.config
+        name = resolve_backend(os.fspath(uri), cfg.backend)
+        return name, resolve_policy(name, isolation=cfg.isolation, mp_start_method=cfg.mp_start_method)
+
+    async def _import(self, name: str, policy: WriterPolicy) -> None:
         """Import the backend's module and client library in a thread the first time (``import
         s3dlio`` takes 1.6 s, aiobotocore's a few tenths): not on the loop. A writer process
         imports its own."""
-        if not isinstance(uri, (str, os.PathLike)):
-            return  # _new_sink names the bad value
-        cfg = self.config
-        name = resolve_backend(os.fspath(uri), cfg.backend)
-        policy = resolve_policy(name, isolation=cfg.isolation, mp_start_method=cfg.mp_start_method)
         if name not in _IMPORTED and policy.isolation != "process":
             await run_blocking(self._ensure_executor(), import_backend, name)
             _IMPORTED.add(name)
 
-    def _new_sink(self, uri: str) -> Sink:
-        """:meth:`_sink` without the import (for the synchronous ``iter_load``)."""
-
+    def _watched(self, uri: str, name: str, policy: WriterPolicy) -> Sink:
         def stalled() -> None:
             self._stalled = True
 
-        return watch(self._unwatched_sink(uri), self.config.stall_timeout, stalled)
+        return watch(self._unwatched_sink(uri, name, policy), self.config.stall_timeout, stalled)
 
-    def _unwatched_sink(self, uri: str) -> Sink:
-        if not isinstance(uri, (str, os.PathLike)):
-            raise ConfigError(f"uri must be a string or path, got {uri!r}")
-        options = SinkOptions(
-            direct_io=self.config.direct_io,
-            fsync=self.config.fsync,
-            reserve_space=self.config.reserve_space,
-            chunk_size=self.config.chunk_size,
-            extra=dict(self.config.backend_options),
-        )
+    def _unwatched_sink(self, uri: str, name: str, policy: WriterPolicy) -> Sink:
         cfg = self.config
-        policy = resolve_policy(
-            resolve_backend(os.fspath(uri), cfg.backend),
-            isolation=cfg.isolation,
-            mp_start_method=cfg.mp_start_method,
+        options = SinkOptions(
+            direct_io=cfg.direct_io,
+            fsync=cfg.fsync,
+            reserve_space=cfg.reserve_space,
+            chunk_size=cfg.chunk_size,
+            extra=dict(cfg.backend_options),
         )
         if policy.isolation == "process":
             return ProcessSink(
@@ -240,7 +243,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                 pool=self._writers,
                 nice=cfg.resolved_cpu_nice,
             )
-        return self._store(resolve_backend(os.fspath(uri), cfg.backend), options).handle(os.fspath(uri))
+        return self._store(name, options).handle(os.fspath(uri))
 
     def _store(self, name: str, options: SinkOptions) -> Store:
         """One store per backend for the checkpointer's life: its objects share one client."""
