@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 
 from asyncckpt.servers.s3compat import FAST_CLIENT_CONFIG, register_s3compat
 from asyncckpt.servers.s3endpoint import S3Endpoint
+from asyncckpt.sinks.s3.botocore_sink import _warm_session
 
 MiB = 1 << 20
 
@@ -83,26 +84,13 @@ def test_delete_objects_with_content_md5_hook(s3_client: Any, s3_bucket: str) ->
     assert s3_client.list_objects_v2(Bucket=s3_bucket).get("KeyCount", 0) == 0
 
 
-def _loaded_session() -> Any:
-    """An aiobotocore session whose loader has read the S3 model (blocking file reads and
-    JSON parsing that ``create_client`` would otherwise do on the loop)."""
-    from aiobotocore.session import get_session
-
-    session = get_session()
-    loader = session.get_component("data_loader")
-    for kind in ("service-2", "endpoint-rule-set-1"):
-        loader.load_service_model("s3", kind)
-    for name in ("endpoints", "partitions", "_retry", "sdk-default-configuration"):
-        loader.load_data(name)
-    return session
-
-
 @pytest.mark.parametrize("fast", [False, True], ids=["default-config", "fast-config"])
 async def test_aiobotocore_multipart(s3_endpoint: S3Endpoint, s3_bucket: str, fast: bool) -> None:
     """aiobotocore 3.x, defaults and FAST_CLIENT_CONFIG (unsigned payload, checksums when required)."""
     cfg = Config(**FAST_CLIENT_CONFIG) if fast else Config(s3={"addressing_style": "path"})
     parts = [payload(5 * MiB, 11), payload(5 * MiB, 12), payload(2 * MiB, 13)]
-    session = await asyncio.to_thread(_loaded_session)
+    # the library's session, its S3 model read in a thread (create_client would read it on the loop)
+    session = await asyncio.to_thread(_warm_session)
     async with session.create_client("s3", config=cfg, **s3_endpoint.client_kwargs()) as client:
         register_s3compat(client)
         upload_id = (await client.create_multipart_upload(Bucket=s3_bucket, Key="k"))["UploadId"]
