@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import os
@@ -95,6 +96,12 @@ def run_bench(
         cwd=cwd,
         env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)},
     )
+
+
+async def generated(size: int, chunk_size: int, seed: int) -> bytes:
+    """:func:`expected_bytes` for an async test: generated in a thread, not on the loop the
+    guard watches (tens of MiB, and the first call in a process starts dgen-py's pool)."""
+    return await asyncio.to_thread(expected_bytes, size, chunk_size, seed)
 
 
 def checkpoint_data(raw: bytes) -> bytes:

@@ -23,7 +23,7 @@ import pytest
 from asyncckpt import AsyncCheckpointer, ConfigError, MiB
 from asyncckpt.servers.s3endpoint import S3Endpoint
 
-from .conftest import checkpoint_data, expected_bytes
+from .conftest import checkpoint_data, generated
 from .relay import counting
 from .s3_harness import in_child, new_bucket, s3_call
 
@@ -52,7 +52,7 @@ async def test_each_option_changes_the_part_requests_as_documented(
             await ckpt.save(f"s3://{bucket}/o.bin", size)
     response = await s3_call(s3_endpoint, "get_object", Bucket=bucket, Key="o.bin")
     stored = await asyncio.to_thread(response["Body"].read)
-    assert checkpoint_data(stored) == expected_bytes(size, CHUNK, 3)
+    assert checkpoint_data(stored) == await generated(size, CHUNK, 3)
     assert len(front.heads) == 3  # two full parts, then the last with the sealed footer
     for head in front.heads:
         number = int(re.search(r"partNumber=(\d+)", head).group(1))  # type: ignore[union-attr]

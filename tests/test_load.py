@@ -18,7 +18,7 @@ from asyncckpt.seal import unseal
 from asyncckpt.sinks import MEMORY_STORE
 from asyncckpt.units import KiB, MiB
 
-from .conftest import expected_bytes, files_in
+from .conftest import files_in, generated
 
 CHUNK = 1 * MiB
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -73,7 +73,7 @@ async def test_round_trip_file(
         await ckpt.save(target, size)
         data = await collect(ckpt, target, verify=verify, read_chunk_size=read_chunk, num_readers=readers)
         result = await ckpt.load(target, verify=verify, read_chunk_size=read_chunk, num_readers=readers)
-    assert data == expected_bytes(size, CHUNK, 11)
+    assert data == await generated(size, CHUNK, 11)
     assert result.operation == "load" and result.size_bytes == size
     assert result.chunks == -(-size // (read_chunk or CHUNK))
     assert sum(result.bottleneck_counts.values()) == result.chunks
@@ -116,7 +116,7 @@ async def test_memory_sink_round_trip() -> None:
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=9) as ckpt:
         await ckpt.save(uri, 2 * CHUNK + 1)
         assert manifest_uri(uri) not in MEMORY_STORE  # sealed into the object
-        assert await collect(ckpt, uri, num_readers=2) == expected_bytes(2 * CHUNK + 1, CHUNK, 9)
+        assert await collect(ckpt, uri, num_readers=2) == await generated(2 * CHUNK + 1, CHUNK, 9)
         result = await ckpt.load(uri, verify="regenerate")
         await ckpt.delete(uri)
     assert result.metadata.backend == "memory"

@@ -21,7 +21,7 @@ from asyncckpt.sinks import BACKENDS, SCHEMES, register_backend
 from asyncckpt.sinks.memory import MemorySink
 from asyncckpt.units import MiB
 
-from .conftest import checkpoint_data, expected_bytes
+from .conftest import checkpoint_data, expected_bytes, generated
 
 CHUNK = 1 * MiB
 
@@ -73,7 +73,7 @@ async def test_no_buffer_is_refilled_while_being_written(extra_backends: None) -
         assert pool is not None
         stats = pool.stats()
     assert RaceCheckingSink.violations == []
-    assert checkpoint_data(MEMORY_STORE.pop("racecheck://obj")) == expected_bytes(size, CHUNK, 11)
+    assert checkpoint_data(MEMORY_STORE.pop("racecheck://obj")) == await generated(size, CHUNK, 11)
     assert stats.free == 3 and stats.peak_in_use == 3  # back-pressure happened, bounded by the pool
     assert result.wait_free_s > 0
 
@@ -165,7 +165,7 @@ async def test_preallocate_method_writes_the_same_bytes(tmp_path: Path) -> None:
     size = 5 * CHUNK + 3
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=5) as ckpt:
         result = await ckpt.save(tmp_path / "p.bin", size, method="preallocate")
-    assert checkpoint_data((tmp_path / "p.bin").read_bytes()) == expected_bytes(size, CHUNK, 5)
+    assert checkpoint_data((tmp_path / "p.bin").read_bytes()) == await generated(size, CHUNK, 5)
     assert result.method == "preallocate"
     assert result.metadata.pool_bytes == size
 

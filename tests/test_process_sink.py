@@ -29,7 +29,7 @@ from asyncckpt.report import format_result
 from asyncckpt.sinks import SinkOptions
 from asyncckpt.units import MiB
 
-from .conftest import checkpoint_data, expected_bytes, files_in
+from .conftest import checkpoint_data, expected_bytes, files_in, generated
 
 CHUNK = 1 * MiB
 
@@ -89,7 +89,7 @@ async def test_bytes_through_each_start_method(
         chunk_size=CHUNK, num_buffers=3, max_in_flight=2, seed=11, isolation="process", mp_start_method=method
     ) as ckpt:
         result = await ckpt.save(target, size, progress=progress)
-    assert checkpoint_data(target.read_bytes()) == expected_bytes(size, CHUNK, 11)
+    assert checkpoint_data(target.read_bytes()) == await generated(size, CHUNK, 11)
     assert files_in(tmp_path) == ["rank0.bin"]
     pid, segments = seen[0]
     assert len(segments) == 1 and segments[0].startswith(
@@ -124,7 +124,7 @@ async def test_preallocate_and_null_through_the_child(tmp_path: Path, no_shm_lea
         # preallocate's buffer is private memory: chunks travel through the pipe instead
         await ckpt.save(tmp_path / "p.bin", size, method="preallocate")
         null = await ckpt.save("null://x", size)
-    assert checkpoint_data((tmp_path / "p.bin").read_bytes()) == expected_bytes(size, CHUNK, 5)
+    assert checkpoint_data((tmp_path / "p.bin").read_bytes()) == await generated(size, CHUNK, 5)
     assert null.metadata.backend == "null" and null.metadata.extra["mp_start_method"] == "fork"
 
 
@@ -313,7 +313,7 @@ async def test_read_size_delete_through_the_child(tmp_path: Path) -> None:
     size = 2 * CHUNK + 77
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=9) as ckpt:
         await ckpt.save(target, size)
-    want = expected_bytes(size, CHUNK, 9)
+    want = await generated(size, CHUNK, 9)
     policy = resolve_policy("file", isolation="process", mp_start_method="forkserver")
     pool = SharedBufferPool(CHUNK, 2)
     with ThreadPoolExecutor(4) as executor:
@@ -350,7 +350,7 @@ async def test_pool_moves_to_shared_memory_once(tmp_path: Path, no_shm_leak: Non
         ckpt.config = dataclasses.replace(ckpt.config, isolation="none")
         result = await ckpt.save(tmp_path / "c.bin", 2 * CHUNK)  # in-process, same shared pool
         assert my_segments() == shared and result.metadata.extra["isolation"] == "none"
-    assert checkpoint_data((tmp_path / "c.bin").read_bytes()) == expected_bytes(2 * CHUNK, CHUNK, 4)
+    assert checkpoint_data((tmp_path / "c.bin").read_bytes()) == await generated(2 * CHUNK, CHUNK, 4)
 
 
 def test_large_inline_messages_under_uvloop(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from asyncckpt.report import format_result
 from asyncckpt.seal import tail_read_size
 from asyncckpt.sinks.s3 import installed
 
-from .conftest import checkpoint_data, expected_bytes
+from .conftest import checkpoint_data, generated
 from .test_endpoints import Proxy, moto_endpoints  # noqa: F401 - the module-scoped fixture
 
 # moto_endpoints accepts any credentials; the secret is distinctive so leaks are detectable
@@ -110,7 +110,7 @@ async def test_round_robin_save_and_load_spread_over_three_endpoints(
         saved = await c.save(f"s3://{bucket}/ckpt.bin", size)
         loaded = await c.load(f"s3://{bucket}/ckpt.bin", verify=True)
     raw = await stored(boto, bucket, "ckpt.bin")
-    assert checkpoint_data(raw) == expected_bytes(size, CHUNK, 3)
+    assert checkpoint_data(raw) == await generated(size, CHUNK, 3)
     # the save sends data and sealed manifest in 7 parts; the load reads the footer, then data
     for result, count, nbytes in ((saved, 7, len(raw)), (loaded, loaded.chunks + 1, size + footer_read(raw))):
         x = result.metadata.extra
@@ -142,7 +142,7 @@ async def test_least_connections_sends_fewer_parts_to_a_slow_endpoint(
     finally:
         await slow.stop()
         await fast.stop()
-    assert checkpoint_data(await stored(boto, bucket, "lc.bin")) == expected_bytes(size, CHUNK, 4)
+    assert checkpoint_data(await stored(boto, bucket, "lc.bin")) == await generated(size, CHUNK, 4)
     stats = per_endpoint(result.metadata.extra)
     slow_parts, fast_parts = stats[urls[0]]["parts"], stats[urls[1]]["parts"]
     assert slow_parts + fast_parts == 9  # 8 full chunks, then the sealed manifest
@@ -176,7 +176,7 @@ async def test_failover_when_an_endpoint_is_cut_mid_upload(
         for p in proxies:
             await p.stop()
     raw = await stored(boto, bucket, "fo.bin")
-    assert checkpoint_data(raw) == expected_bytes(size, CHUNK, 5)
+    assert checkpoint_data(raw) == await generated(size, CHUNK, 5)
     x = result.metadata.extra
     stats = per_endpoint(x)
     assert stats[urls[1]]["errors"] >= 1 and stats[urls[1]]["marked_down"] >= 1, stats
@@ -197,7 +197,7 @@ async def test_endpoint_uris_from_the_environment_reach_the_sink(
     bucket, size = await new_bucket(boto), 3 * CHUNK
     async with ckpt("aiobotocore", options(), seed=6) as c:
         result = await c.save(f"s3://{bucket}/env.bin", size)
-    assert checkpoint_data(await stored(boto, bucket, "env.bin")) == expected_bytes(size, CHUNK, 6)
+    assert checkpoint_data(await stored(boto, bucket, "env.bin")) == await generated(size, CHUNK, 6)
     x = result.metadata.extra
     assert x["endpoint_strategy"] == "least_connections"
     assert list(per_endpoint(x)) == moto_endpoints
@@ -224,7 +224,7 @@ async def test_minio_pins_one_endpoint_per_rank_and_refuses_per_part_strategies(
     bucket, size = await new_bucket(boto), 2 * CHUNK
     async with ckpt("minio", options(), seed=7) as c:
         result = await c.save(f"s3://{bucket}/m.bin", size)
-    assert checkpoint_data(await stored(boto, bucket, "m.bin")) == expected_bytes(size, CHUNK, 7)
+    assert checkpoint_data(await stored(boto, bucket, "m.bin")) == await generated(size, CHUNK, 7)
     x = result.metadata.extra
     assert x["endpoint_url"] == moto_endpoints[4 % 3]
     assert x["endpoint_strategy"] == "rank (per-request balancing not supported by minio)"
@@ -322,7 +322,7 @@ async def test_a_busy_endpoint_is_retried_elsewhere_but_not_marked_down(
     finally:
         await busy.stop()
     raw = await stored(boto, bucket, "busy.bin")
-    assert checkpoint_data(raw) == expected_bytes(size, CHUNK, 8)
+    assert checkpoint_data(raw) == await generated(size, CHUNK, 8)
     for result, nbytes in ((saved, len(raw)), (loaded, size + footer_read(raw))):
         x = result.metadata.extra
         b = per_endpoint(x)[urls[0]]

@@ -15,7 +15,7 @@ import pytest
 from asyncckpt import AsyncCheckpointer, StorageError, StoragePermissionError
 from asyncckpt.servers.s3endpoint import S3Endpoint
 
-from .conftest import checkpoint_data, expected_bytes
+from .conftest import checkpoint_data, generated
 from .relay import FaultyFront, is_create, is_part, is_part_2, part_number
 from .s3_harness import CHUNK, in_child, new_bucket, s3_call
 
@@ -67,7 +67,7 @@ async def test_a_transient_fault_on_the_only_endpoint_is_retried(
     finally:
         await front.stop()
     assert len(front.spoiled) == times, front.matched
-    assert checkpoint_data(await stored(moto_endpoint, bucket, "r.bin")) == expected_bytes(size, CHUNK, 7)
+    assert checkpoint_data(await stored(moto_endpoint, bucket, "r.bin")) == await generated(size, CHUNK, 7)
     assert saved.metadata.extra["retries"] >= 1
     assert loaded.metadata.extra["retries"] == 0
     assert "identity_note" not in loaded.metadata.extra
@@ -87,7 +87,7 @@ async def test_a_failed_range_read_is_retried(moto_endpoint: S3Endpoint, mode: s
     finally:
         await front.stop()
     assert len(front.spoiled) == 1  # the manifest's GET (another object) passed
-    assert bytes(into) == expected_bytes(size, CHUNK, 7)
+    assert bytes(into) == await generated(size, CHUNK, 7)
     assert loaded.metadata.extra["retries"] >= 1
 
 

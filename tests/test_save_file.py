@@ -20,7 +20,7 @@ from asyncckpt import (
 )
 from asyncckpt.units import MiB
 
-from .conftest import checkpoint_data, expected_bytes, files_in, mount
+from .conftest import checkpoint_data, files_in, generated, mount
 
 CHUNK = 1 * MiB
 
@@ -30,7 +30,7 @@ async def test_written_bytes_equal_generator_stream(tmp_path: Path, size: int) -
     target = tmp_path / "rank0.bin"
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3, seed=7) as ckpt:
         result = await ckpt.save(target, size)
-    assert checkpoint_data(target.read_bytes()) == expected_bytes(size, CHUNK, 7)
+    assert checkpoint_data(target.read_bytes()) == await generated(size, CHUNK, 7)
     assert files_in(tmp_path) == ["rank0.bin"]  # no temporary left behind
     assert result.size_bytes == size
     assert result.chunks == -(-size // CHUNK)
@@ -67,7 +67,7 @@ async def test_direct_io_refused_falls_back_with_reason(ramfs: Path) -> None:
         result = await ckpt.save(ramfs / "f.bin", 2 * CHUNK + 1)
     assert result.metadata.direct_io is False
     assert "refused" in result.metadata.direct_io_reason
-    assert checkpoint_data((ramfs / "f.bin").read_bytes()) == expected_bytes(2 * CHUNK + 1, CHUNK, 1)
+    assert checkpoint_data((ramfs / "f.bin").read_bytes()) == await generated(2 * CHUNK + 1, CHUNK, 1)
 
 
 async def test_direct_io_demanded_but_refused_is_an_error(ramfs: Path) -> None:
