@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from concurrent.futures import Executor
 from urllib.parse import urlsplit
@@ -76,8 +75,7 @@ def import_backend(name: str) -> None:
     """Import the module and client library of backend ``name`` (blocking: ``import s3dlio``
     takes over a second, so a checkpointer does it in a thread before its first sink)."""
     if name in S3_BACKENDS:
-        sink_class(name)
-        importlib.import_module(S3_BACKENDS[name][2])  # a sink module may defer its library
+        sink_class(name).import_library()  # a sink module may defer its library
 
 
 def make_sink(uri: str, *, backend: str | None, executor: Executor, options: SinkOptions) -> Sink:

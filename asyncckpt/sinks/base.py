@@ -61,6 +61,12 @@ class Sink(ABC):
     #: whether writes can bypass the page cache (O_DIRECT)
     supports_direct_io: ClassVar[bool] = False
 
+    @classmethod  # noqa: B027 - by default there is nothing to import: not a stub
+    def import_library(cls) -> None:
+        """Import the client library (blocking, so a checkpointer calls it in a thread before its
+        first sink). A sink module defers a slow import to this, because the module itself is
+        imported on the caller's loop whenever a configuration's capabilities are checked."""
+
     def __init__(
         self, uri: str, *, executor: Executor, options: SinkOptions, store: Store | None = None
     ) -> None:

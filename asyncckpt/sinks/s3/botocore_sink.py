@@ -30,11 +30,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import random
 import threading
 import zlib
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..._blocking import run_blocking
 from ...endpoints import is_failover_error
@@ -43,14 +44,33 @@ from .common import ErrorFields, log
 from .core import MultipartSink
 from .log_guard import guard_botocore_logs
 
-try:
-    from aiobotocore.config import AioConfig
-    from aiobotocore.session import AioSession, get_session
-    from botocore.exceptions import ClientError, EndpointConnectionError
+if TYPE_CHECKING:
+    from aiobotocore.session import AioSession
 
-    from .part_body import PartBody
-except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise MissingDependencyError("aiobotocore", "aiobotocore", "backend 'aiobotocore' (s3://)") from exc
+
+class _Library(NamedTuple):
+    AioConfig: Any
+    get_session: Callable[[], AioSession]
+    ClientError: Any
+    EndpointConnectionError: Any
+    PartBody: Any
+
+
+@functools.cache
+def _aiobotocore() -> _Library:
+    """aiobotocore (with aiohttp and the part body), imported on first use: 0.4 s, and this
+    module is imported for the class's capabilities when a configuration is checked, on the
+    caller's loop; a checkpointer imports the library in a thread (``import_library``)."""
+    try:
+        from aiobotocore.config import AioConfig
+        from aiobotocore.session import get_session
+        from botocore.exceptions import ClientError, EndpointConnectionError
+
+        from .part_body import PartBody
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise MissingDependencyError("aiobotocore", "aiobotocore", "backend 'aiobotocore' (s3://)") from exc
+    return _Library(AioConfig, get_session, ClientError, EndpointConnectionError, PartBody)
+
 
 T = TypeVar("T")
 _session: AioSession | None = None
@@ -79,7 +99,7 @@ _BACKOFF_CAP_S = 5.0
 def _server_busy(exc: BaseException) -> bool:
     """A 5xx or 429 answer, or a throttling/timeout code (503 SlowDown, 400 RequestTimeout, ...):
     worth another try, on another endpoint when there are several (not marked down)."""
-    if not isinstance(exc, ClientError):
+    if not isinstance(exc, _aiobotocore().ClientError):
         return False
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     code = exc.response.get("Error", {}).get("Code")
@@ -97,7 +117,7 @@ def _warm_session() -> AioSession:
     global _session
     with _session_lock:
         if _session is None:
-            session = get_session()
+            session = _aiobotocore().get_session()
             loader = session.get_component("data_loader")
             for name in ("endpoints", "partitions", "_retry", "sdk-default-configuration"):
                 with contextlib.suppress(Exception):
@@ -115,6 +135,10 @@ class AiobotocoreSink(MultipartSink):
     backend = "aiobotocore"
     default_in_flight = 4
     per_request_endpoints = True
+
+    @classmethod
+    def import_library(cls) -> None:
+        _aiobotocore()
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
@@ -142,7 +166,7 @@ class AiobotocoreSink(MultipartSink):
     def _new_client(self, session: AioSession, url: str | None) -> Any:
         s = self.settings
         guard_botocore_logs()  # its DEBUG logs would show the session token
-        config = AioConfig(
+        config = _aiobotocore().AioConfig(
             s3={
                 "addressing_style": "path" if s.path_style else "virtual",
                 "payload_signing_enabled": s.payload_signing,
@@ -169,13 +193,14 @@ class AiobotocoreSink(MultipartSink):
         )
 
     def error_fields(self, exc: Exception) -> ErrorFields | None:
-        if isinstance(exc, ClientError):
+        lib = _aiobotocore()
+        if isinstance(exc, lib.ClientError):
             err = exc.response.get("Error", {})
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             code = str(err.get("Code", "")) or str(status or "")
             message = f"{code}: {err.get('Message', '') or 'no message'}"
             return ErrorFields(code, message, status if isinstance(status, int) else None)
-        if isinstance(exc, EndpointConnectionError):
+        if isinstance(exc, lib.EndpointConnectionError):
             return ErrorFields(message=str(exc), unreachable=True)
         return ErrorFields(message=f"{type(exc).__name__}: {exc}")  # aiohttp, timeouts, ...
 
@@ -247,7 +272,9 @@ class AiobotocoreSink(MultipartSink):
         response = await self._routed(
             # a fresh body per attempt; SHA-256 payload signing needs a bytes-like body (botocore
             # hashes it on the loop thread, the cost the option is measured with)
-            lambda url: self._raw(url, "upload_part", Body=body if signed else PartBody(body), **args),
+            lambda url: self._raw(
+                url, "upload_part", Body=body if signed else _aiobotocore().PartBody(body), **args
+            ),
             len(body),
         )
         return str(response["ETag"])

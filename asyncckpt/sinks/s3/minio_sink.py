@@ -10,8 +10,9 @@ library's choice and is recorded in the result.
 
 from __future__ import annotations
 
+import functools
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
 from ..._blocking import run_blocking
@@ -19,13 +20,32 @@ from ...errors import MissingDependencyError
 from .common import ErrorFields
 from .core import MultipartSink
 
-try:
+if TYPE_CHECKING:
     import urllib3
     from minio import Minio
-    from minio.datatypes import Part
-    from minio.error import MinioException, S3Error
-except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise MissingDependencyError("minio", "minio", "backend 'minio' (s3://)") from exc
+
+
+class _Library(NamedTuple):
+    urllib3: Any
+    Minio: Any
+    Part: Any
+    MinioException: Any
+    S3Error: Any
+
+
+@functools.cache
+def _minio() -> _Library:
+    """minio (and urllib3), imported on first use: 0.2 s, and this module is imported for the
+    class's capabilities when a configuration is checked, on the caller's loop; a checkpointer
+    imports the library in a thread (``import_library``)."""
+    try:
+        import urllib3
+        from minio import Minio
+        from minio.datatypes import Part
+        from minio.error import MinioException, S3Error
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise MissingDependencyError("minio", "minio", "backend 'minio' (s3://)") from exc
+    return _Library(urllib3, Minio, Part, MinioException, S3Error)
 
 
 class MinioSink(MultipartSink):
@@ -34,25 +54,33 @@ class MinioSink(MultipartSink):
     backend = "minio"
     default_in_flight = 4
 
-    def __init__(self, uri: str, **kwargs: Any) -> None:
-        super().__init__(uri, **kwargs)
-        self._client, self._http = self.shared.get("minio", self._build, close=lambda c: c[1].clear())
+    @classmethod
+    def import_library(cls) -> None:
+        _minio()
+
+    @property
+    def _client(self) -> Minio:
+        """The store's one client, made on first use (a sink is made before ``import_library``
+        ran in a thread for ``iter_load``: building the client in ``__init__`` imported minio)."""
+        client: Minio = self.shared.get("minio", self._build, close=lambda c: c[1].clear())[0]
+        return client
 
     def _build(self) -> tuple[Minio, urllib3.PoolManager]:
         """One client and connection pool for every object of the store."""
         s = self.settings
         ep = urlsplit(s.endpoint_url or "https://s3.amazonaws.com")
-        http = urllib3.PoolManager(
+        lib = _minio()
+        http = lib.urllib3.PoolManager(
             maxsize=max(10, s.max_in_flight * 2),
             cert_reqs="CERT_REQUIRED" if ep.scheme == "https" else "CERT_NONE",
             ca_certs=s.ca_bundle,
             # read: each socket wait once connected (sending a part included)
-            timeout=urllib3.Timeout(connect=s.connect_timeout, read=s.request_timeout),
-            retries=urllib3.Retry(
+            timeout=lib.urllib3.Timeout(connect=s.connect_timeout, read=s.request_timeout),
+            retries=lib.urllib3.Retry(
                 total=s.max_attempts - 1, backoff_factor=0.2, status_forcelist=(500, 502, 503, 504)
             ),
         )
-        client = Minio(
+        client = lib.Minio(
             ep.netloc,
             access_key=s.access_key_id,
             secret_key=s.revealed("secret_access_key"),
@@ -64,12 +92,13 @@ class MinioSink(MultipartSink):
         return client, http
 
     def error_fields(self, exc: Exception) -> ErrorFields | None:
-        if isinstance(exc, S3Error):
+        lib = _minio()
+        if isinstance(exc, lib.S3Error):
             status = exc.response.status if exc.response is not None else None
             return ErrorFields(exc.code or "", f"{exc.code}: {exc.message}", status)
-        if isinstance(exc, urllib3.exceptions.HTTPError):
+        if isinstance(exc, lib.urllib3.exceptions.HTTPError):
             return ErrorFields(message=f"{type(exc).__name__}: {exc}", unreachable=True)
-        if isinstance(exc, (MinioException, ValueError)):
+        if isinstance(exc, (lib.MinioException, ValueError)):
             return ErrorFields(message=f"{type(exc).__name__}: {exc}")
         return super().error_fields(exc)
 
@@ -91,7 +120,7 @@ class MinioSink(MultipartSink):
         return etag
 
     async def _complete(self, upload_id: str, parts: list[tuple[int, str]]) -> str | None:
-        listed = [Part(n, etag) for n, etag in parts]
+        listed = [_minio().Part(n, etag) for n, etag in parts]
         result = await self._call(
             self._client._complete_multipart_upload, self.bucket, self.key, upload_id, listed
         )
@@ -104,8 +133,8 @@ class MinioSink(MultipartSink):
         result = await self._call(self._client.put_object, self.bucket, self.key, io.BytesIO(data), len(data))
         return result.etag  # type: ignore[no-any-return]
 
-    def _read_sync(self, offset: int, buf: memoryview) -> int:
-        response = self._client.get_object(self.bucket, self.key, offset, len(buf))
+    def _read_sync(self, client: Minio, offset: int, buf: memoryview) -> int:
+        response = client.get_object(self.bucket, self.key, offset, len(buf))
         try:
             n = 0
             for piece in response.stream(1 << 20):
@@ -117,7 +146,7 @@ class MinioSink(MultipartSink):
             response.release_conn()
 
     async def _get(self, offset: int, buf: memoryview) -> int:
-        n: int = await self._call(self._read_sync, offset, buf)
+        n: int = await self._call(self._read_sync, self._client, offset, buf)  # made on the loop
         return n
 
     async def _head(self) -> tuple[int, str | None]:
@@ -128,8 +157,10 @@ class MinioSink(MultipartSink):
         await self._call(self._client.remove_object, self.bucket, self.key)
 
     async def _list(self, prefix: str) -> list[str]:
+        client = self._client  # made here, on the loop, never by two threads at once
+
         def keys() -> list[str]:
-            found = self._client.list_objects(self.bucket, prefix=prefix, recursive=True)
+            found = client.list_objects(self.bucket, prefix=prefix, recursive=True)
             return [o.object_name for o in found]
 
         listed: list[str] = await self._call(keys)

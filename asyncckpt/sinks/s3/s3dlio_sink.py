@@ -85,6 +85,10 @@ class S3dlioSink(AppendSink):
     needs_isolation = True  # its Tokio runtime: loop lag and RSS in the caller (issue 9, item 1)
     generates_in_place = True  # reserve() lends its memory: synthetic chunks are made there
 
+    @classmethod
+    def import_library(cls) -> None:
+        _s3dlio()
+
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
         self._parts = 0
