@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -32,7 +33,7 @@ from .sinks import BACKENDS, SinkOptions, import_backend, resolve_backend
 from .sinks.base import Sink
 from .sinks.store import Store
 from .sources import CallerData, make_source
-from .sources.base import Source
+from .sources.base import GenSpec, Source
 from .state.api import StateMixin
 from .state.chunks import check_pipeline
 from .topology import thread_budget
@@ -128,6 +129,16 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
             self._cpu = CpuThreads(1 if self._cpu_lane_used else executor.threads, nice)
         priority.lower(helper_threads(), nice)
         return self._cpu
+
+    def _writer_spec(self, spec: GenSpec) -> GenSpec:
+        """Generation in a writer process may take the rank's whole CPU share when the writer
+        runs at a background niceness: the core "leave_loop_core" keeps free is for a loop in
+        another process, and the niceness already lets that loop take a core the moment it
+        wakes (s3dlio: 2 generator threads, not 1, on the 2-core reference VM)."""
+        b = self._budget
+        if b.overridden or self.config.resolved_cpu_nice == 0 or b.share <= spec.threads:
+            return spec
+        return dataclasses.replace(spec, threads=b.share)
 
     @property
     def _cpu_lane_used(self) -> bool:
@@ -371,6 +382,8 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                 # synthetic data whose sink can generate it in its library's memory (s3dlio's
                 # reserve(), in the writer process by default) skips the pool and its copy
                 spec = source.gen_spec() if pool is not None and expect_crc32c is None else None
+                if spec is not None and isolated:
+                    spec = self._writer_spec(spec)
                 if spec is not None and await sink.begin_generation(spec):
                     times = await stream_in_place(
                         sink,
@@ -461,7 +474,9 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         close_detail: dict[str, float],
     ) -> SaveResult:
         recs = times.records
-        src, snk = source.describe(), sink.describe()
+        snk = sink.describe()
+        # chunks generated in the client library's memory (a writer process) report that generator
+        src = snk.get("generated_in_library_by") or source.describe()
         snk.setdefault("isolation", "none")
         cfg = self.config
         setup = RunSetup(

@@ -494,6 +494,7 @@ async def default_save(a: argparse.Namespace, backend: str, caller: bool) -> dic
         backend_options={**options, "max_in_flight": a.max_in_flight},
         seed=SEED,
         **({} if a.thread_budget is None else {"thread_budget": a.thread_budget}),
+        **({} if a.gen_threads is None else {"gen_threads": a.gen_threads}),
     ) as ckpt:
         await ckpt.save(f"s3://{a.bucket}/warmup", a.part_size)  # writer process, client setup
         r = await ckpt.save(f"s3://{a.bucket}/asyncckpt", a.size, data=data)
@@ -505,6 +506,9 @@ async def default_save(a: argparse.Namespace, backend: str, caller: bool) -> dic
         "isolation": extra.get("isolation"),
         "copied_into_library_bytes": extra.get("copied_into_library_bytes"),
         "generated_in_library_bytes": extra.get("generated_in_library_bytes"),
+        # where the chunks were generated (the writer process) and with how many threads
+        "gen_threads": r.metadata.gen_threads,
+        "lag_p99_ms": r.loop_lag_s.p99 * 1e3,  # the caller's loop, during the save
     }
 
 
@@ -545,6 +549,7 @@ def pairs(a: argparse.Namespace, backend: str) -> None:
         rows.append(row)
         print(f"pair {row['pair']}: ratio {row['ratio']:.3f}", file=sys.stderr)
     headers = ["pair", "order", "direct_gbps", "asyncckpt_gbps", "ratio", "asyncckpt_bottleneck"]
+    headers += ["asyncckpt_gen_threads", "asyncckpt_lag_p99_ms"]
     if a.caller_data:
         headers += ["ceiling_gbps", "caller_gbps", "caller_vs_direct", "caller_vs_ceiling"]
     extra: dict[str, Any] = {
@@ -607,6 +612,12 @@ def main() -> None:
         choices=get_args(ThreadBudgetRule),
         default=None,
         help="with --pairs (not aiobotocore): asyncckpt's thread-budget rule instead of the library default",
+    )
+    p.add_argument(
+        "--gen-threads",
+        type=int,
+        default=None,
+        help="with --pairs (not aiobotocore): asyncckpt's gen_threads instead of its thread budget",
     )
     a = p.parse_args()
     a.server_pid = None

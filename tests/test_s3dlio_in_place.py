@@ -15,6 +15,7 @@ import pytest
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.servers.s3endpoint import S3Endpoint
+from asyncckpt.topology import thread_budget
 
 from .conftest import checkpoint_data, expected_bytes
 from .s3_harness import CHUNK, in_child, new_bucket, run_child_suite, s3_call
@@ -52,6 +53,11 @@ async def test_s3dlio_synthetic_save_generates_in_place_without_a_copy(s3_env: S
         assert extra["generated_in_library_bytes"] == SIZE
         generator = extra["generated_in_library_by"]  # dgen-py ran in the writer process
         assert generator["pid"] == extra["writer_pid"] and generator["seed"] == SEED
+        # the writer runs at background niceness, so its generator takes the rank's whole CPU
+        # share; the core "leave_loop_core" keeps free is for the caller's loop, elsewhere
+        assert ckpt.config.resolved_cpu_nice > 0
+        assert generator["gen_threads_requested"] == thread_budget(rule="leave_loop_core").share
+        assert result.metadata.gen_threads == generator["gen_threads"]  # the result says so too
         assert extra["copied_into_library_bytes"] == len(raw) - SIZE < CHUNK
         want = await asyncio.to_thread(expected_bytes, SIZE, CHUNK, SEED)
         assert await asyncio.to_thread(checkpoint_data, raw) == want
@@ -60,6 +66,14 @@ async def test_s3dlio_synthetic_save_generates_in_place_without_a_copy(s3_env: S
         for verify in ("checksum", "regenerate"):
             loaded = await ckpt.load(uri, verify=verify)
             assert loaded.size_bytes == SIZE and loaded.metadata.seed == SEED
+
+
+@child_only
+async def test_s3dlio_generator_threads_given_by_the_caller_are_kept(s3_env: S3Endpoint) -> None:
+    bucket = await asyncio.to_thread(new_bucket, s3_env)
+    async with checkpointer(s3_env, gen_threads=1) as ckpt:
+        result = await ckpt.save(f"s3://{bucket}/one-thread.bin", SIZE)
+    assert result.metadata.extra["generated_in_library_by"]["gen_threads_requested"] == 1
 
 
 @child_only
@@ -84,4 +98,4 @@ async def test_s3dlio_caller_data_is_copied_once_into_s3dlio(s3_env: S3Endpoint)
 def test_s3dlio_in_place_generation_in_a_child_suite(s3_endpoint: S3Endpoint) -> None:
     proc = run_child_suite(__file__, s3_endpoint, "s3dlio and not child_suite")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "2 passed" in proc.stdout, proc.stdout[-2000:]
+    assert "3 passed" in proc.stdout, proc.stdout[-2000:]
