@@ -495,6 +495,7 @@ async def default_save(a: argparse.Namespace, backend: str, caller: bool) -> dic
         seed=SEED,
         **({} if a.thread_budget is None else {"thread_budget": a.thread_budget}),
         **({} if a.gen_threads is None else {"gen_threads": a.gen_threads}),
+        **({} if a.cpu_nice is None else {"cpu_nice": a.cpu_nice}),
     ) as ckpt:
         await ckpt.save(f"s3://{a.bucket}/warmup", a.part_size)  # writer process, client setup
         r = await ckpt.save(f"s3://{a.bucket}/asyncckpt", a.size, data=data)
@@ -618,6 +619,12 @@ def main() -> None:
         type=int,
         default=None,
         help="with --pairs (not aiobotocore): asyncckpt's gen_threads instead of its thread budget",
+    )
+    p.add_argument(
+        "--cpu-nice",
+        type=int,
+        default=None,
+        help="with --pairs (not aiobotocore): asyncckpt's cpu_nice (the writer's niceness)",
     )
     a = p.parse_args()
     a.server_pid = None
