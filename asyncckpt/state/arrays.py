@@ -80,14 +80,17 @@ class SaveTensor:
 
 def prepare(leaf: Leaf) -> SaveTensor:
     """Classify one leaf (cheap: no data is touched); ConfigError naming it if unsupported."""
-    where = f"{path_text(leaf.path)} ({leaf.name!r})"
+
+    def where() -> str:  # only for an error: formatting every leaf's path was most of the cost
+        return f"{path_text(leaf.path)} ({leaf.name!r})"
+
     value = leaf.value
     if is_torch_tensor(value):
         t = value.detach()
         if t.device.type != "cpu":
-            raise ConfigError(f"{where}: tensor is on {t.device}; move it to the CPU first")
-        if str(t.layout) != "torch.strided":
-            raise ConfigError(f"{where}: {t.layout} tensors are not supported (dense tensors only)")
+            raise ConfigError(f"{where()}: tensor is on {t.device}; move it to the CPU first")
+        if t.layout is not sys.modules["torch"].strided:
+            raise ConfigError(f"{where()}: {t.layout} tensors are not supported (dense tensors only)")
         dt = dtypes.from_torch(t.dtype, where)
         ok = t.is_contiguous() and not t.is_conj() and not t.is_neg()
         return SaveTensor(leaf, dt, tuple(t.shape), t.numel() * dt.itemsize, t, ok)

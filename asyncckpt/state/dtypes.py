@@ -8,6 +8,7 @@ NumPy) or from torch. Both are optional and imported lazily through ``importlib`
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,21 +69,36 @@ def torch_module(purpose: str) -> Any:
     return torch
 
 
-def from_numpy(dtype: np.dtype[Any], where: str) -> DType:
+#: what an error names: the text, or a function making it (a save classifies every tensor, and
+#: formatting each one's path cost more than the rest of the classification)
+Where = str | Callable[[], str]
+#: dtype objects seen → DType (``dtype.name`` and ``str(dtype)`` cost microseconds per tensor);
+#: one table per library, as a NumPy dtype compares equal to anything it can be made from
+_SEEN_NUMPY: dict[np.dtype[Any], DType] = {}
+_SEEN_TORCH: dict[object, DType] = {}
+
+
+def _text(where: Where) -> str:
+    return where if isinstance(where, str) else where()
+
+
+def from_numpy(dtype: np.dtype[Any], where: Where) -> DType:
     """The safetensors dtype of a NumPy (or ml_dtypes) dtype; ConfigError naming ``where``."""
-    found = _BY_NUMPY.get(dtype.name)
+    found = _SEEN_NUMPY.get(dtype) or _BY_NUMPY.get(dtype.name)
     if found is None:
         raise ConfigError(
-            f"{where}: dtype {dtype} has no safetensors equivalent "
+            f"{_text(where)}: dtype {dtype} has no safetensors equivalent "
             f"(supported: {', '.join(sorted(_BY_NUMPY))})"
         )
+    _SEEN_NUMPY[dtype] = found
     return found
 
 
-def from_torch(dtype: object, where: str) -> DType:
-    found = _BY_TORCH.get(str(dtype))
+def from_torch(dtype: object, where: Where) -> DType:
+    found = _SEEN_TORCH.get(dtype) or _BY_TORCH.get(str(dtype))
     if found is None:
-        raise ConfigError(f"{where}: torch dtype {dtype} has no safetensors equivalent")
+        raise ConfigError(f"{_text(where)}: torch dtype {dtype} has no safetensors equivalent")
+    _SEEN_TORCH[dtype] = found
     return found
 
 
