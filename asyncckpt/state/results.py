@@ -18,8 +18,9 @@ STAGING_MODES = choices(StagingMode)
 class StateSaveResult:
     """One state save. ``blocked_s``: how long the caller could not touch its arrays.
 
-    With ``staging="none"`` that is the whole save; with ``"host"`` it is the wait for the
-    previous staged save (``waited_s``) plus the copy into the staging area (``copy_s``).
+    With ``staging="none"`` that is the whole save; with ``"host"`` it is the target's check,
+    the wait for the previous staged save (``waited_s``), the layout and the copy into the
+    staging area (``copy_s``).
     ``prepass_s`` is the CRC32C pass that lets the header be written first.
     """
 
