@@ -14,11 +14,12 @@ A torch MLP trained with Adam (model + optimizer state ≈ ``--state-size``) che
 - ``identical``: a fresh model restored from the last checkpoint gives bit-identical outputs.
 
 ``÷ memcpy``: each checkpoint's blocked time over a memcpy of the same state into preallocated
-tensors (torch ``copy_``, every core) timed in the same process just before that checkpoint,
-with nothing in flight (the staging copy's conditions; this VM's memory bandwidth drifts); the
-median over the steady checkpoints (the first faults its buffers in). A separate ``memcpy``
-child also times that copy in a tight loop (``memcpy_s``, the faster of torch and one NumPy
-thread): the column ``÷ child memcpy``. Methods alternate within each repeat; medians over
+tensors (torch ``copy_``, every core) timed in the same process after the training step before
+that checkpoint, with nothing in flight (the staging copy's conditions: it too follows a
+training step; this VM's memory bandwidth drifts); the median over the steady checkpoints
+(the first faults its buffers in). A separate ``memcpy`` child also times that copy in a
+tight loop (``memcpy_s``, the faster of torch and one NumPy thread): the column
+``÷ child memcpy``. Methods alternate within each repeat; medians over
 repeats are reported.
 
     python benchmarks/bench_training.py [--state-size 256MiB] [--repeats 3] [--dir /var/tmp]
@@ -237,6 +238,7 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
     train_peak = nbytes = 0
     copier: PairedCopy | None = None
     memcpy_s: list[float] = []  # the paired memcpy before each checkpoint
+    inside: list[dict[str, float]] = []  # save_state's blocked, copy and wait times, per checkpoint
 
     def finished(_: Future[Any]) -> None:
         nonlocal done_at
@@ -246,8 +248,10 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
     def wait_durable() -> None:
         assert pending is not None
         durable.wait()
-        pending.result()  # its error, if any
+        result = pending.result()  # its error, if any
         write_s.append(done_at - started)
+        if hasattr(result, "copy_s"):  # save_state's own account of the time the caller waited
+            inside.append({"blocked_s": result.blocked_s, "copy_s": result.copy_s, "wait_s": result.waited_s})
 
     def step_once(i: int) -> None:
         busy = pending is not None and not durable.is_set()
@@ -255,23 +259,39 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
         train_step(model, opt, batches[i % len(batches)])
         steps.append((time.perf_counter() - t0, busy))
 
+    def checkpoint_at(step: int) -> bool:
+        return bool(step >= args.warmup - 1 and (step - args.warmup + 1) % args.every == 0)
+
+    waited = 0.0  # the wait for the previous write, counted in the next checkpoint's blocked time
+
+    def drain() -> None:
+        nonlocal pending, waited
+        t0 = time.perf_counter()
+        if pending is not None:  # the previous write must be durable before the next starts
+            wait_durable()
+            pending = None
+        waited += time.perf_counter() - t0
+
     try:
         for step in range(args.warmup + (args.checkpoints - 1) * args.every):
             step_once(step)
             if copier is None:  # after the first step (Adam's state exists), before the steps
                 # whose peak the mark below takes: its memory counts as the training's own
                 copier = PairedCopy({"model": model.state_dict(), "optim": opt.state_dict()})
-            if step < args.warmup - 1 or (step - args.warmup + 1) % args.every:
+            if checkpoint_at(step + 1) and not checkpoint_at(step):
+                # the paired memcpy, one step before the checkpoint: like the checkpoint's own
+                # copy it follows a training step, with nothing in flight (run back to back, the
+                # second of two 1 GiB copies was the slower on this VM: 1.17 vs 1.08 x)
+                drain()
+                memcpy_s.append(copier.run({"model": model.state_dict(), "optim": opt.state_dict()}))
+            if not checkpoint_at(step):
                 continue
             train_peak = train_peak or status_bytes("VmHWM")  # the training's own, before any checkpoint
-            t0 = time.perf_counter()
-            if pending is not None:  # the previous write must be durable before the next starts
-                wait_durable()
-                pending = None
-            waited = time.perf_counter() - t0
+            drain()
             state = {"model": model.state_dict(), "optim": opt.state_dict()}
             nbytes = state_bytes(state)
-            memcpy_s.append(copier.run(state))  # nothing in flight now, as for the staging copy next
+            if len(memcpy_s) < len(blocked) + 1:  # checkpoints on consecutive steps (--every 1)
+                memcpy_s.append(copier.run(state))
             with torch.no_grad():
                 reference = model(probe_input)  # what the checkpoint about to be taken computes
             last = root / f"step-{step}{'.pt' if name == 'torch_save' else ''}"
@@ -280,6 +300,7 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
             pending = method.start(state, last)
             returned = time.perf_counter()
             blocked.append(waited + returned - started)
+            waited = 0.0
             if pending is None:
                 write_s.append(returned - started)
             else:
@@ -310,6 +331,7 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
         "blocked_each_s": blocked,
         "blocked_steady_s": median(blocked[1:]) if len(blocked) > 1 else None,  # buffers already faulted in
         "memcpy_each_s": memcpy_s,
+        "library_each": inside,
         "steady_vs_paired_memcpy": median([b / m for b, m in zip(blocked[1:], memcpy_s[1:], strict=True)])
         if len(blocked) > 1
         else None,
