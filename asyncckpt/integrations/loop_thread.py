@@ -32,6 +32,7 @@ class CheckpointerThread:
         self._thread: threading.Thread | None = None
         self._ckpt: AsyncCheckpointer | None = None
         self._pending: set[Future[Any]] = set()
+        self._stop: asyncio.Event | None = None  # set to end the loop's root task (close)
 
     def submit(self, job: Job[T]) -> Future[T]:
         """Schedule ``job(checkpointer)`` on the private loop; a concurrent future of its result."""
@@ -58,11 +59,20 @@ class CheckpointerThread:
     def _start(self) -> None:
         loop = asyncio.new_event_loop()
         ready = threading.Event()
+        stop = asyncio.Event()
+        self._stop = stop
+
+        async def root() -> None:
+            ready.set()
+            await stop.wait()
 
         def serve() -> None:
+            # run_until_complete, not run_forever: anyio ties its worker threads to the task run
+            # by run_until_complete; under run_forever every job was its own root, so the
+            # threads of each save were stopped when it returned and the next save started new
+            # ones (the second thread of a staged copy started 2-5 ms late on the reference VM)
             asyncio.set_event_loop(loop)
-            loop.call_soon(ready.set)
-            loop.run_forever()
+            loop.run_until_complete(root())
 
         # a daemon: an interpreter exiting without close() is not held up by an idle loop
         self._thread = threading.Thread(target=serve, name=self._name, daemon=True)
@@ -74,7 +84,8 @@ class CheckpointerThread:
         """Close the checkpointer (a save still running finishes first), stop and join the thread."""
         with self._guard:
             loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
-        if loop is None or thread is None:
+            stop, self._stop = self._stop, None
+        if loop is None or thread is None or stop is None:
             return
         try:
             wait(list(self._pending))  # e.g. an async_save nobody waited for: it completes, then we close
@@ -82,7 +93,7 @@ class CheckpointerThread:
                 ckpt, self._ckpt = self._ckpt, None
                 asyncio.run_coroutine_threadsafe(ckpt.aclose(), loop).result()
         finally:
-            loop.call_soon_threadsafe(loop.stop)
+            loop.call_soon_threadsafe(stop.set)
             thread.join()
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(loop.shutdown_default_executor())
