@@ -9,6 +9,7 @@ single-threaded copy instead of half of it.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.state.api import plan
-from asyncckpt.state.staging import ALIGN, INLINE_COPY, _run, share_copies, split_copies
+from asyncckpt.state.staging import ALIGN, INLINE_COPY, PIECE, _drain, _run, share_copies, split_copies
 
 MiB = 1 << 20
 
@@ -87,6 +88,21 @@ def test_a_large_state_is_shared_between_threads() -> None:
     assert len([b for b in bins if b]) == 2  # above INLINE_COPY: shared out, not copied yet
     for b in bins:
         _run(b)
+    _copied(p, offsets, area)
+
+
+def test_a_thread_that_starts_late_leaves_its_share_to_the_others() -> None:
+    """Each thread takes pieces from its own list, then from the others': a second worker
+    thread that wakes late (or never) does not hold the caller up until it has copied half."""
+    state = _large_state()
+    p = plan("unused", state, MiB, None)
+    offsets = [p.data_start + e.start for e in p.entries]
+    area = bytearray(p.size)
+    bins = share_copies(p.tensors, offsets, memoryview(area), 2)
+    assert all(len(piece[1]) <= PIECE for b in bins for piece in b)  # small enough to take over
+    queues = [deque(b) for b in bins]
+    _drain(0, queues)  # thread 0 alone: the second never started
+    assert not any(queues)
     _copied(p, offsets, area)
 
 
