@@ -54,6 +54,7 @@ class FaultyFront:
         match: Callable[[str], bool],
         times: int = 1,
         on_spoil: Callable[[], None] | None = None,
+        wait_for_second_s: float = 0.0,
     ) -> None:
         host, port = target.removeprefix("http://").split(":")
         self.target = (host, int(port))
@@ -65,6 +66,11 @@ class FaultyFront:
         self.active = 0  # matching requests whose body is being relayed now
         self.peak = 0  # the most there ever were at once
         self.connections = 0  # TCP connections clients opened to the relay
+        # > 0: the first matching request's body waits (at most this long) for a second one to
+        # arrive, so ``peak`` shows whether a client *can* keep two in flight, whatever the
+        # speeds: on a loaded machine a part was often relayed whole before the next was made
+        self.wait_for_second_s = wait_for_second_s
+        self._second = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> str:
@@ -120,6 +126,8 @@ class FaultyFront:
                 counted = self.match(line)
                 self.active += counted
                 self.peak = max(self.peak, self.active)
+                if counted and self.wait_for_second_s > 0:
+                    await self._await_second()
                 try:
                     await self._relay(reader, up_w, length)
                 finally:
@@ -129,6 +137,18 @@ class FaultyFront:
         finally:
             up_w.transport.abort()
             writer.transport.abort()
+
+    async def _await_second(self) -> None:
+        """Hold this request until another matching one is active; after one wait that timed
+        out (the client keeps one in flight) nothing is held any more."""
+        if self.active > 1:
+            self._second.set()
+        if self._second.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._second.wait(), self.wait_for_second_s)
+        except TimeoutError:
+            self._second.set()  # a bound on the test's time, not a synchronisation: peak stays 1
 
     @staticmethod
     async def _relay(reader: asyncio.StreamReader, dst: asyncio.StreamWriter, n: int) -> None:
@@ -170,10 +190,10 @@ class FaultyFront:
 
 
 @contextlib.asynccontextmanager
-async def counting(endpoint: str) -> AsyncIterator[tuple[FaultyFront, str]]:
+async def counting(endpoint: str, wait_for_second_s: float = 0.0) -> AsyncIterator[tuple[FaultyFront, str]]:
     """A relay before ``endpoint`` that spoils nothing and counts (parts at once, connections);
     yields it and its URL, and stops it afterwards."""
-    front = FaultyFront(endpoint, "pass", is_part, times=0)
+    front = FaultyFront(endpoint, "pass", is_part, times=0, wait_for_second_s=wait_for_second_s)
     url = await front.start()
     try:
         yield front, url

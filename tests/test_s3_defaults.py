@@ -38,7 +38,9 @@ async def test_default_s3_save_is_isolated_and_keeps_several_parts_in_flight(
     moto_endpoint: S3Endpoint, backend: str | None
 ) -> None:
     bucket = await asyncio.to_thread(new_bucket, moto_endpoint)
-    async with counting(moto_endpoint.endpoint) as (front, url):
+    # the first part waits for a second (up to 60 s): whether the save keeps several parts in
+    # flight, not whether it happened to on a loaded machine (generation slower than moto)
+    async with counting(moto_endpoint.endpoint, wait_for_second_s=60.0) as (front, url):
         options = moto_endpoint.options(endpoint_url=url)
         async with AsyncCheckpointer(
             chunk_size=CHUNK, num_buffers=4, backend=backend, backend_options=options
