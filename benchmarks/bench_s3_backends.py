@@ -493,9 +493,8 @@ async def default_save(a: argparse.Namespace, backend: str, caller: bool) -> dic
         backend=backend,
         backend_options={**options, "max_in_flight": a.max_in_flight},
         seed=SEED,
-        **({} if a.thread_budget is None else {"thread_budget": a.thread_budget}),
-        **({} if a.gen_threads is None else {"gen_threads": a.gen_threads}),
-        **({} if a.cpu_nice is None else {"cpu_nice": a.cpu_nice}),
+        # the library's defaults unless the command line overrides them
+        **{k: v for k in ("thread_budget", "gen_threads", "cpu_nice") if (v := getattr(a, k)) is not None},
     ) as ckpt:
         await ckpt.save(f"s3://{a.bucket}/warmup", a.part_size)  # writer process, client setup
         r = await ckpt.save(f"s3://{a.bucket}/asyncckpt", a.size, data=data)

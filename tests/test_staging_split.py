@@ -37,11 +37,21 @@ def _state() -> dict[str, Any]:
     return state
 
 
+def _laid_out(state: dict[str, Any]) -> tuple[Any, list[int], bytearray]:
+    """The plan of ``state``, each tensor's offset in the object and an area of its size."""
+    p = plan("unused", state, MiB, None)
+    return p, [p.data_start + e.start for e in p.entries], bytearray(p.size)
+
+
+def _copied(p: Any, offsets: list[int], area: bytearray) -> None:
+    for t, offset in zip(p.tensors, offsets, strict=True):
+        expected = np.ascontiguousarray(t.source).view(np.uint8).reshape(-1)
+        assert bytes(area[offset : offset + t.nbytes]) == expected.tobytes(), t.leaf.name
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3, 4])
 def test_staging_copy_is_split_evenly_between_threads(threads: int) -> None:
-    p = plan("unused", _state(), MiB, None)
-    offsets = [p.data_start + e.start for e in p.entries]
-    area = bytearray(p.size)
+    p, offsets, area = _laid_out(_state())
     assert any(not t.contiguous for t in p.tensors)  # the strided one
     bins = split_copies(p.tensors, offsets, memoryview(area), threads)
 
@@ -51,24 +61,14 @@ def test_staging_copy_is_split_evenly_between_threads(threads: int) -> None:
     assert max(loads) - min(loads) <= threads * ALIGN, loads  # was 6 MiB to 0.1 MiB with 2
     for b in bins:
         _run(b)
-    for t, offset in zip(p.tensors, offsets, strict=True):
-        expected = np.ascontiguousarray(t.source).view(np.uint8).reshape(-1)
-        assert bytes(area[offset : offset + t.nbytes]) == expected.tobytes(), t.leaf.name
-
-
-def _copied(p: Any, offsets: list[int], area: bytearray) -> None:
-    for t, offset in zip(p.tensors, offsets, strict=True):
-        expected = np.ascontiguousarray(t.source).view(np.uint8).reshape(-1)
-        assert bytes(area[offset : offset + t.nbytes]) == expected.tobytes(), t.leaf.name
+    _copied(p, offsets, area)
 
 
 def test_a_small_state_is_copied_by_the_thread_that_laid_it_out() -> None:
     """Handing a few MiB to other threads costs more than copying them (a thread hop took
     0.2-1.5 ms on the reference VM): at most INLINE_COPY bytes are copied at once."""
-    p = plan("unused", _state(), MiB, None)
+    p, offsets, area = _laid_out(_state())
     assert sum(t.nbytes for t in p.tensors) <= INLINE_COPY
-    offsets = [p.data_start + e.start for e in p.entries]
-    area = bytearray(p.size)
     assert share_copies(p.tensors, offsets, memoryview(area), 2) == []  # nothing left to share
     _copied(p, offsets, area)
 
@@ -81,9 +81,7 @@ def _large_state() -> dict[str, Any]:
 
 
 def test_a_large_state_is_shared_between_threads() -> None:
-    p = plan("unused", _large_state(), MiB, None)
-    offsets = [p.data_start + e.start for e in p.entries]
-    area = bytearray(p.size)
+    p, offsets, area = _laid_out(_large_state())
     bins = share_copies(p.tensors, offsets, memoryview(area), 2)
     assert len([b for b in bins if b]) == 2  # above INLINE_COPY: shared out, not copied yet
     for b in bins:
@@ -94,10 +92,7 @@ def test_a_large_state_is_shared_between_threads() -> None:
 def test_a_thread_that_starts_late_leaves_its_share_to_the_others() -> None:
     """Each thread takes pieces from its own list, then from the others': a second worker
     thread that wakes late (or never) does not hold the caller up until it has copied half."""
-    state = _large_state()
-    p = plan("unused", state, MiB, None)
-    offsets = [p.data_start + e.start for e in p.entries]
-    area = bytearray(p.size)
+    p, offsets, area = _laid_out(_large_state())
     bins = share_copies(p.tensors, offsets, memoryview(area), 2)
     assert all(len(piece[1]) <= PIECE for b in bins for piece in b)  # small enough to take over
     queues = [deque(b) for b in bins]
