@@ -15,7 +15,7 @@ from . import modes, priority, steps
 from ._blocking import Offload, run_blocking
 from .commit import commit, note_publication
 from .config import CheckpointConfig, validate_size
-from .cpu import helper_threads
+from .cpu import helper_threads, run_queue
 from .errors import ConfigError
 from .isolation import SharedBufferPool, WriterPolicy, resolve_policy
 from .isolation.process_sink import ProcessSink, WriterPool
@@ -40,6 +40,9 @@ from .topology import thread_budget
 from .watchdog import unwrap, watch
 
 log = logging.getLogger("asyncckpt")
+# a save's fills and checksums "starved" (a warning) when they waited for a CPU longer than they
+# ran and longer than this (a quiet machine: a few per cent of their CPU time)
+STARVED_MIN_S = 0.5
 #: backends whose modules this process has imported (off the loop, by ``_sink``)
 _IMPORTED: set[str] = set()
 METHODS = modes.choices(modes.SaveMethod)
@@ -118,17 +121,48 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         return self._executor
 
     def _cpu_executor(self) -> Executor:
-        """Where fills and checksums run: threads of their own at ``cpu_nice`` (and dgen-py's
-        pool lowered to it), or the shared budget when the niceness is 0."""
-        nice = self.config.resolved_cpu_nice
+        """Where fills and checksums run: threads of their own at ``cpu_nice`` and, with
+        ``cpu_idle``, in ``SCHED_IDLE`` (dgen-py's pool lowered to match), or the shared budget
+        when neither applies."""
+        nice, idle = self.config.resolved_cpu_nice, self.config.resolved_cpu_idle
         executor = self._ensure_executor()
-        if nice == 0:
+        if nice == 0 and not idle:
             return executor
         if self._cpu is None:  # under the CPU lane one call runs at a time: one thread, reused
             # (several idle threads woken in turn left the loop a worse tail: 2.4 ms p99, not 1.2)
-            self._cpu = CpuThreads(1 if self._cpu_lane_used else executor.threads, nice)
-        priority.lower(helper_threads(), nice)
+            self._cpu = CpuThreads(1 if self._cpu_lane_used else executor.threads, nice, idle=idle)
+        priority.lower(helper_threads(), nice, idle=idle)
         return self._cpu
+
+    def _cpu_priority(self, method: str, *, in_library: bool) -> dict[str, Any]:
+        """The niceness and class the save's CPU-only work ran at: the pool's fills and checksums
+        on the lowered threads; generation in a writer process at its niceness (never SCHED_IDLE:
+        its uploads run there too); a whole-object save's on the shared threads."""
+        cfg = self.config
+        if in_library:
+            return {"cpu_nice": cfg.resolved_cpu_nice, "cpu_idle": False}
+        if method == "streaming":
+            return {"cpu_nice": cfg.resolved_cpu_nice, "cpu_idle": cfg.resolved_cpu_idle}
+        return {"cpu_nice": 0, "cpu_idle": False}
+
+    def _lane_tids(self) -> tuple[int, ...]:
+        """The threads that run fills and checksums (at a lower priority unless niceness 0)."""
+        return (*(self._cpu.tids() if self._cpu is not None else ()), *helper_threads())
+
+    def _warn_if_starved(self, before: tuple[float, float]) -> None:
+        """Say so when ``SCHED_IDLE`` kept the save's fills and checksums waiting for a CPU more
+        than running: other threads kept every CPU busy (two CPU burners on the 2-core VM: a
+        1 GiB save took 85-153 s, 2.3 s at niceness 10 alone)."""
+        cpu, waited = (b - a for a, b in zip(before, run_queue(self._lane_tids()), strict=True))
+        if self.config.resolved_cpu_idle and waited > max(STARVED_MIN_S, cpu):
+            log.warning(
+                "the save's fills and checksums waited %.2f s for a CPU and ran %.2f s: other "
+                "threads held every CPU and SCHED_IDLE (cpu_idle) gives this work only what they "
+                "leave; cpu_idle=False gives it a share (niceness %d), at the cost of event-loop lag",
+                waited,
+                cpu,
+                self.config.resolved_cpu_nice,
+            )
 
     def _writer_spec(self, spec: GenSpec) -> GenSpec:
         """Generation in a writer process may take the rank's whole CPU share when the writer
@@ -395,6 +429,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                     )
                     gen_s = sum(r.fill_s for r in times.records)
                 elif pool is not None:
+                    lane_before = run_queue(self._lane_tids())
                     times = await stream(
                         source,
                         sink,
@@ -410,6 +445,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
                         cpu_executor=self._cpu_executor(),
                     )
                     gen_s = sum(r.fill_s for r in times.records)
+                    self._warn_if_starved(lane_before)
                 elif placed is not None and expect_crc32c is not None:
                     times, gen_s = (
                         await write_whole(
@@ -491,6 +527,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
             gen_threads=src.get("gen_threads"),
             gen_threads_requested=src.get("gen_threads_requested", self._budget.threads),
             fsync=cfg.fsync,
+            **self._cpu_priority(method, in_library="generated_in_library_by" in snk),
         )
         run = run_fields(
             setup,

@@ -39,18 +39,34 @@ def register_helper_threads(tids: Iterable[int]) -> None:
         _helpers.update(tids)
 
 
-_schedstat: dict[int, int] = {}  # tid → an open /proc schedstat descriptor (re-read with pread)
+_schedstat_fds: dict[int, int] = {}  # tid → an open /proc schedstat descriptor (re-read with pread)
+
+
+def _schedstat(tid: int, *, keep: bool = True) -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable but waiting for one) of thread ``tid``, or None
+    where the kernel has no schedstat or the thread has gone. ``keep``: the descriptor stays
+    open for the next read (threads that live as long as the process only)."""
+    try:
+        fd = _schedstat_fds.get(tid)
+        if fd is None:
+            fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+            if keep:
+                _schedstat_fds[tid] = fd
+        try:
+            on_cpu, waiting = os.pread(fd, 128, 0).split()[:2]  # nanoseconds
+        finally:
+            if tid not in _schedstat_fds:
+                os.close(fd)
+        return int(on_cpu) / 1e9, int(waiting) / 1e9
+    except (OSError, ValueError):
+        return None
 
 
 def _thread_cpu(tid: int) -> float:
     """CPU seconds of thread ``tid`` of this process (0.0 once it has gone)."""
-    try:
-        fd = _schedstat.get(tid)
-        if fd is None:
-            fd = _schedstat[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-        return int(os.pread(fd, 128, 0).split()[0]) / 1e9  # nanoseconds on the CPU
-    except (OSError, ValueError, IndexError):
-        pass
+    stat = _schedstat(tid)
+    if stat is not None:
+        return stat[0]
     try:  # kernels without schedstat: utime + stime in clock ticks
         with open(f"/proc/self/task/{tid}/stat", "rb") as f:
             parts = f.read().rsplit(b")", 1)[1].split()
@@ -59,10 +75,17 @@ def _thread_cpu(tid: int) -> float:
         return 0.0
 
 
+def run_queue(tids: Iterable[int]) -> tuple[float, float]:
+    """(CPU seconds, seconds waiting for a CPU) of these threads of this process, summed; the
+    second is what a lower priority costs them when every CPU is busy (zeros without schedstat)."""
+    stats = [s for s in (_schedstat(t, keep=False) for t in tids) if s is not None]
+    return sum(s[0] for s in stats), sum(s[1] for s in stats)
+
+
 def _forget_in_child() -> None:
     """A forked child has none of these threads: its reads must not see the parent's."""
     _helpers.clear()
-    _schedstat.clear()  # the descriptors stay open in the child, unused (few, and close-on-exec)
+    _schedstat_fds.clear()  # the descriptors stay open in the child, unused (few, and close-on-exec)
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

@@ -36,8 +36,8 @@ WhenBusy = Literal["wait", "skip"]
 VerifyMode = Literal["checksum", "regenerate", "none"]
 #: how a save gets its buffers: the reused pool, or one buffer of the whole checkpoint
 SaveMethod = Literal["streaming", "preallocate"]
-#: the bench CLI's spellings of ``direct_io`` None / True / False
-DirectIo = Literal["auto", "on", "off"]
+#: the bench CLI's spellings of an optional bool (``direct_io``, ``cpu_idle``): None / True / False
+Switch = Literal["auto", "on", "off"]
 #: bench ``--method``: one save method or both, one after the other
 BenchMethod = Literal["streaming", "preallocate", "both"]
 #: bench ``--mode``: which phases run

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .results import LoadResult, Result, RunResult, SaveResult
+from .results import LoadResult, Result, RunMetadata, RunResult, SaveResult
 
 RULE = "=" * 78
 
@@ -48,6 +48,12 @@ def format_cpu(r: RunResult) -> str:
     return f"{total:.3f} CPU-s/GB ({scope}){'; stages: ' + stages if stages else ''}"
 
 
+def _cpu_priority(m: RunMetadata) -> str:
+    if m.cpu_nice is None:  # a file older than 2.3
+        return ""
+    return f"; CPU work at nice {m.cpu_nice}{', SCHED_IDLE' if m.cpu_idle else ''}"
+
+
 def format_save(r: SaveResult) -> str:
     """The results block of one save: generation, checksums and writes kept apart."""
     m = r.metadata
@@ -58,7 +64,7 @@ def format_save(r: SaveResult) -> str:
     direct = "on" if m.direct_io else "OFF"
     gen = (
         f"{m.generator} (seed {m.seed}, threads {m.gen_threads} of {m.gen_threads_requested} requested; "
-        f"budget {m.thread_budget_threads} by the {m.thread_budget_rule} rule)"
+        f"budget {m.thread_budget_threads} by the {m.thread_budget_rule} rule{_cpu_priority(m)})"
     )
     lines = [
         RULE,

@@ -33,6 +33,10 @@ class RunSetup:
     gen_threads: int | None
     gen_threads_requested: int | None
     fsync: bool
+    # the niceness and scheduling class of the threads doing CPU-only work (generation,
+    # checksums: asyncckpt.priority); None in files older than 2.3, which did not record them
+    cpu_nice: int | None = None
+    cpu_idle: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

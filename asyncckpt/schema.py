@@ -13,6 +13,8 @@ write-named ones); saves no longer carry the load-only ``verify_s``/``verify_bps
 2.2 also: every save and load carries its CPU time (``cpu_s``, ``writer_cpu_s``, ``cpu_scope``,
 ``cpu_stages_s``; derived ``cpu_total_s``, ``cpu_s_per_gb``, ``cpu_stages_s_per_gb``) and its
 records the stages' CPU (``checksum_cpu_s``, ``verify_cpu_s``); 2.1 files read with these empty.
+2.3: run metadata names the niceness and scheduling class of the CPU-only threads (``cpu_nice``,
+``cpu_idle``); older files read with both null (not recorded).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-SCHEMA_VERSION = "2.2"
+SCHEMA_VERSION = "2.3"
 #: the majors this release reads: its own and the previous one
 READABLE_MAJORS = ("1", "2")
 SCHEMA_RESOURCE = "schemas/result.schema.json"

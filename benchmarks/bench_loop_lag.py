@@ -10,6 +10,7 @@ result recorded, the verdict on p99 <= 2 ms from the per-run p99 values, and the
 cost of leaving a core (GB/s ratio leave_loop_core / mlperf per pair, file and null).
 
     python benchmarks/bench_loop_lag.py --size 4GiB --dir /var/tmp --repeat 5 [--loop asyncio]
+        [--cpu-idle off]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 from _common import bootstrap_ci, emit, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer, parse_size
-from asyncckpt.modes import ThreadBudgetRule, choices
+from asyncckpt.modes import Switch, ThreadBudgetRule, choices
 from asyncckpt.monitor import LoopMonitor
 
 RULES: tuple[str, ...] = choices(ThreadBudgetRule)  # ("leave_loop_core", "mlperf")
@@ -37,7 +38,7 @@ TARGET_P99_MS = 2.0
 TICK_S = 0.001
 
 
-async def measure(uri: str, size: int, rule: str, idle_s: float) -> dict[str, Any]:
+async def measure(uri: str, size: int, rule: str, idle_s: float, cpu_idle: str) -> dict[str, Any]:
     """One run: the loop idle, then a warm-up save and the measured save."""
     async with LoopMonitor(TICK_S) as idle:
         await asyncio.sleep(idle_s)
@@ -45,6 +46,8 @@ async def measure(uri: str, size: int, rule: str, idle_s: float) -> dict[str, An
     options: dict[str, Any] = {"monitor_interval": TICK_S}
     if rule != LIBRARY_DEFAULT:
         options["thread_budget"] = rule
+    if cpu_idle != "auto":  # "off": the library default before SCHED_IDLE (niceness alone)
+        options["cpu_idle"] = cpu_idle == "on"
     async with AsyncCheckpointer(**options) as ckpt:
         await ckpt.save(uri, ckpt.config.chunk_size)  # warm-up: pool allocated and touched
         result = await ckpt.save(uri, size)
@@ -54,6 +57,8 @@ async def measure(uri: str, size: int, rule: str, idle_s: float) -> dict[str, An
         "rule": m.thread_budget_rule,
         "threads": m.thread_budget_threads,
         "gen_threads": m.gen_threads,
+        "cpu_nice": m.cpu_nice,
+        "cpu_idle": m.cpu_idle,
         "idle_p99_ms": i.p99 * 1e3,
         "save_p50_ms": s.p50 * 1e3,
         "save_p99_ms": s.p99 * 1e3,
@@ -72,13 +77,13 @@ def run_loop(loop: str, coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, 
 
 
 def child(args: argparse.Namespace) -> None:
-    row = run_loop(args.loop, measure(args.uri, parse_size(args.size), args.rule, args.idle))
+    row = run_loop(args.loop, measure(args.uri, parse_size(args.size), args.rule, args.idle, args.cpu_idle))
     print(json.dumps(row))
 
 
 def one_run(uri: str, rule: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", "--uri", uri, "--rule", rule, "--size", args.size]
-    cmd += ["--loop", args.loop, "--idle", str(args.idle)]
+    cmd += ["--loop", args.loop, "--idle", str(args.idle), "--cpu-idle", args.cpu_idle]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({rule}, {uri}):\n{proc.stderr}")
@@ -125,6 +130,12 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5, help="alternating pairs per target (>= 5)")
     p.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     p.add_argument("--idle", type=float, default=0.5, help="seconds of idle-loop lag per run")
+    p.add_argument(
+        "--cpu-idle",
+        choices=choices(Switch),
+        default="auto",
+        help="cpu_idle for both rules (auto: each rule's default; off: niceness alone, as before 2.3)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--uri", help=argparse.SUPPRESS)
     p.add_argument("--rule", choices=RULES, help=argparse.SUPPRESS)
@@ -154,11 +165,12 @@ def main() -> None:
     emit(
         "loop_lag",
         rows,
-        ("repeat", "target", "rule", "threads", "gen_threads", "idle_p99_ms", "save_p50_ms",
-         "save_p99_ms", "save_max_ms", "GBps"),
+        ("repeat", "target", "rule", "threads", "gen_threads", "cpu_nice", "cpu_idle", "idle_p99_ms",
+         "save_p50_ms", "save_p99_ms", "save_max_ms", "GBps"),
         {
             "size_bytes": parse_size(args.size),
             "loop": args.loop,
+            "cpu_idle": args.cpu_idle,
             "tick_s": TICK_S,
             "target_p99_ms": TARGET_P99_MS,
             "library_default_rule": LIBRARY_DEFAULT,

@@ -16,7 +16,8 @@ from asyncckpt.errors import ConfigError
 CLI_MODES = {
     "generator": modes.Generator,
     "method": modes.BenchMethod,
-    "direct_io": modes.DirectIo,
+    "direct_io": modes.Switch,
+    "cpu_idle": modes.Switch,
     "lb_strategy": modes.LoadBalanceStrategy,
     "loop": modes.LoopKind,
     "isolation": modes.Isolation,

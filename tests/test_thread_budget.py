@@ -71,6 +71,7 @@ async def test_library_default_leaves_the_loop_a_core() -> None:
     assert m.thread_budget_threads == max(1, _share() - 1)
     if _share() >= 2:  # e.g. the 2-core VM: 1 generator thread, not 2
         assert m.thread_budget_threads < _share()
+    assert (m.cpu_nice, m.cpu_idle) == (10, True)  # fills and checksums: niceness 10, SCHED_IDLE
     doc = result.to_dict()
     assert doc["metadata"]["thread_budget_rule"] == "leave_loop_core"
     assert SaveResult.from_dict(json.loads(json.dumps(doc))).metadata == m
@@ -81,6 +82,17 @@ async def test_rule_and_override_are_recorded() -> None:
     assert (mlperf.thread_budget_rule, mlperf.thread_budget_threads) == ("mlperf", max(1, _share()))
     forced = (await _save(gen_threads=3)).metadata
     assert (forced.thread_budget_rule, forced.thread_budget_threads) == ("override", 3)
+    assert (mlperf.cpu_nice, mlperf.cpu_idle) == (0, False)
+    assert ((await _save(cpu_idle=False)).metadata.cpu_idle, forced.cpu_idle) == (False, True)
+
+
+async def test_a_whole_object_save_records_the_shared_threads_and_a_load_records_none(tmp_path: Path) -> None:
+    uri = str(tmp_path / "whole.bin")
+    async with AsyncCheckpointer(chunk_size=MiB, num_buffers=2) as ckpt:
+        saved = await ckpt.save(uri, 3 * MiB, method="preallocate")
+        loaded = await ckpt.load(uri)
+    assert (saved.metadata.cpu_nice, saved.metadata.cpu_idle) == (0, False)  # not the lowered threads
+    assert (loaded.metadata.cpu_nice, loaded.metadata.cpu_idle) == (None, None)
 
 
 def test_cli_plan_uses_the_mlperf_rule() -> None:
@@ -104,6 +116,7 @@ def test_cli_run_records_the_mlperf_rule(tmp_path: Path) -> None:
     m = doc["results"][0]["metadata"]
     assert m["thread_budget_rule"] == "mlperf"
     assert m["thread_budget_threads"] == max(1, m["usable_cpus"] // m["local_ranks"])
+    assert (m["cpu_nice"], m["cpu_idle"]) == (0, False)
     assert "by the mlperf rule" in proc.stdout  # the report says which rule sized the threads
     assert "Event-loop lag:" in proc.stdout  # and the CLI reports its own lag
 

@@ -31,6 +31,7 @@ from .runner import BenchPlan, BenchReport, run_plan
 from .scaleout import add_scaleout_arguments, parse_with_presets
 
 DEFAULT_SIZE = "1GiB"
+SWITCH: dict[str, bool | None] = {"auto": None, "on": True, "off": False}  # modes.Switch → option
 
 
 def _size(name: str) -> Callable[[str], int]:
@@ -71,9 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="niceness (0-19) of the generation and checksum threads; default: 10 under "
         "leave_loop_core, 0 under mlperf",
     )
+    p.add_argument(
+        "--cpu-idle",
+        choices=choices(modes.Switch),
+        default="auto",
+        help="run the generation and checksum threads in the kernel's SCHED_IDLE class (auto: "
+        "on under leave_loop_core, off under mlperf)",
+    )
     p.add_argument("--seed", type=int, default=None, help="generator seed")
     p.add_argument("--method", choices=choices(modes.BenchMethod), default="streaming")
-    p.add_argument("--direct-io", choices=choices(modes.DirectIo), default="auto")
+    p.add_argument("--direct-io", choices=choices(modes.Switch), default="auto")
     p.add_argument("--no-fsync", action="store_true", help="skip fsync at close")
     p.add_argument(
         "--max-in-flight", type=int, default=None, help="writes in flight (default: the backend's; files 4)"
@@ -170,7 +178,8 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         "gen_threads": args.gen_threads,
         "thread_budget": args.thread_budget,
         "cpu_nice": args.cpu_nice,
-        "direct_io": {"auto": None, "on": True, "off": False}[args.direct_io],
+        "cpu_idle": SWITCH[args.cpu_idle],
+        "direct_io": SWITCH[args.direct_io],
         "fsync": not args.no_fsync,
         "max_in_flight": args.max_in_flight,
         "backend": args.backend,
