@@ -11,13 +11,14 @@ hold buffers.
 
 Niceness alone was not enough into a file: a timer wake-up of the loop lands on the core where
 the loop last slept, and the kernel left it queued behind a niceness-10 fill or checksum until
-the next scheduler tick (4 ms at HZ=250, ``perf sched timehist``) while the other core idled. A thread in the kernel's
-``SCHED_IDLE`` class is preempted by any normal thread the moment it wakes, and its core counts
-as idle when the kernel places a waking thread, so the library default also puts these threads
-there (``cpu_idle``): loop p99 into a file 2.06 → 1.08 ms at the same GB/s. The price: when
-normal threads (a CPU-bound training step on every core) want all the CPUs, this work gets
-almost none of them until they pause, where niceness 10 still gave it about a tenth (a save
-that starved so logs a warning: ``AsyncCheckpointer._warn_if_starved``).
+the next scheduler tick (4 ms at HZ=250, ``perf sched timehist``) while the other core idled.
+A thread in the kernel's ``SCHED_IDLE`` class is preempted by any normal thread the moment it
+wakes, and its core counts as idle when the kernel places a waking thread, so the library
+default also puts these threads there (``cpu_idle``): loop p99 into a file 2.06 → 1.08 ms at
+the same GB/s. The price: when normal threads (a CPU-bound training step on every core) want
+all the CPUs, this work gets almost none of them until they pause, where niceness 10 still
+gave it about a tenth (a save that starved so logs a warning:
+``AsyncCheckpointer._warn_if_starved``).
 
 Niceness can only be raised, and ``SCHED_IDLE`` only entered, by an unprivileged process, so a
 thread is never "restored": that is why this work runs on threads of its own
