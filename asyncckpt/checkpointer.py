@@ -152,7 +152,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
     def _warn_if_starved(self, before: tuple[float, float]) -> None:
         """Say so when ``SCHED_IDLE`` kept the save's fills and checksums waiting for a CPU more
         than running: other threads kept every CPU busy (two CPU burners on the 2-core VM: a
-        1 GiB save took 85-153 s, 2.3 s at niceness 10 alone)."""
+        save ran at 0.011-0.014 GB/s, at 0.5-0.9 with niceness 10 alone)."""
         cpu, waited = (b - a for a, b in zip(before, run_queue(self._lane_tids()), strict=True))
         if self.config.resolved_cpu_idle and waited > max(STARVED_MIN_S, cpu):
             log.warning(

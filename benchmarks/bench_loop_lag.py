@@ -10,19 +10,20 @@ result recorded, the verdict on p99 <= 2 ms from the per-run p99 values, and the
 cost of leaving a core (GB/s ratio leave_loop_core / mlperf per pair, file and null).
 
     python benchmarks/bench_loop_lag.py --size 4GiB --dir /var/tmp --repeat 5 [--loop asyncio]
-        [--cpu-idle off]
+        [--cpu-idle off] [--busy-cpus 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +82,24 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(row))
 
 
+@contextlib.contextmanager
+def busy_cpus(n: int) -> Iterator[None]:
+    """``n`` busy-loop processes at normal priority beside a run: what the lowered threads get
+    when every CPU is wanted elsewhere (a CPU-bound training step, data-loader workers)."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for proc in burners:
+            proc.kill()
+            proc.wait()
+
+
 def one_run(uri: str, rule: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", "--uri", uri, "--rule", rule, "--size", args.size]
     cmd += ["--loop", args.loop, "--idle", str(args.idle), "--cpu-idle", args.cpu_idle]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    with busy_cpus(args.busy_cpus):
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({rule}, {uri}):\n{proc.stderr}")
     row: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -131,6 +146,12 @@ def main() -> None:
     p.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     p.add_argument("--idle", type=float, default=0.5, help="seconds of idle-loop lag per run")
     p.add_argument(
+        "--busy-cpus",
+        type=int,
+        default=0,
+        help="busy-loop processes beside each run (the CPU the lowered threads get under load)",
+    )
+    p.add_argument(
         "--cpu-idle",
         choices=choices(Switch),
         default="auto",
@@ -171,6 +192,7 @@ def main() -> None:
             "size_bytes": parse_size(args.size),
             "loop": args.loop,
             "cpu_idle": args.cpu_idle,
+            "busy_cpus": args.busy_cpus,
             "tick_s": TICK_S,
             "target_p99_ms": TARGET_P99_MS,
             "library_default_rule": LIBRARY_DEFAULT,
