@@ -1,8 +1,9 @@
 """``CheckpointManager``: step directories for a training loop, saved every N steps.
 
 The loop calls ``await mgr.maybe_save(step, state)`` each step. A save runs in the background
-(``staging="host"``: the loop waits only for the copy) and commits its step when every rank's
-object is durable (:mod:`asyncckpt.steps`). With a save still pending, ``when_busy="wait"``
+(``staging="host"``: the loop waits only for the copy; the staging area is made in the
+background at the first call that saves nothing, or at ``restore(into=)``) and commits its step
+when every rank's object is durable (:mod:`asyncckpt.steps`). With a save still pending, ``when_busy="wait"``
 waits for it and ``"skip"`` skips this step; both are recorded in ``stats``. After a commit,
 rank 0 deletes committed steps beyond ``keep_last`` in the background. At start rank 0 removes
 uncommitted steps of a crashed run, but only those whose recorded owner provably died.
@@ -49,6 +50,12 @@ def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _log_reserve_failure(task: asyncio.Task[int]) -> None:
+    # not fatal: the first save makes the area itself, and reports a bad state as its own error
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("could not make the staging area ahead of the first save: %s", task.exception())
+
+
 class CheckpointManager:
     """Saves every ``every_n_steps`` steps under ``root``, keeps the last ``keep_last``.
 
@@ -87,6 +94,7 @@ class CheckpointManager:
         self._coll: Collectives | None = None
         self._pending: list[asyncio.Task[None]] = []
         self._deleting: asyncio.Task[None] | None = None
+        self._reserving: asyncio.Task[int] | None = None  # the staging area, made ahead of a save
         self._started = False
         self.restored: steps.StepLoad | None = None  # what restore() loaded
 
@@ -112,8 +120,9 @@ class CheckpointManager:
         while self._pending:
             await asyncio.wait(list(self._pending))
             self._pending = [t for t in self._pending if not t.done()]
-        if self._deleting is not None:
-            await asyncio.wait([self._deleting])
+        for task in (self._deleting, self._reserving):
+            if task is not None:
+                await asyncio.wait([task])
 
     async def aclose(self) -> None:
         """Wait for pending saves and deletions, then close the checkpointer if it is ours."""
@@ -143,12 +152,15 @@ class CheckpointManager:
         self.restored = await steps.load_step(
             self.ckpt, self.root, latest, into=into, as_torch=as_torch, coll=self._coll
         )
+        if into is not None:
+            self._reserve(into)
         return latest
 
     async def maybe_save(self, step: int, state: Mapping[Any, Any]) -> bool:
         """Save ``state`` as ``step`` if it is due; True if a save was started."""
         steps.check_step(step)
         if step % self.every_n_steps:
+            self._reserve(state)
             return False
         await self.start()
         self._pending = [t for t in self._pending if not t.done()]
@@ -170,6 +182,14 @@ class CheckpointManager:
         return True
 
     # -- background work ---------------------------------------------------------------
+    def _reserve(self, state: Mapping[Any, Any]) -> None:
+        """Once, ahead of the first staged save: its staging area, allocated and faulted in the
+        background, so that save blocks the loop no longer than the ones after it."""
+        if self.staging != "host" or self._reserving is not None:
+            return
+        self._reserving = asyncio.create_task(self.ckpt.reserve_staging(state), name="asyncckpt-reserve")
+        self._reserving.add_done_callback(_log_reserve_failure)
+
     async def _finish(self, step: int, commit: asyncio.Task[steps.StepCommit]) -> None:
         try:
             await commit

@@ -88,6 +88,11 @@ def _user_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     return dict(metadata)
 
 
+# reserved beyond a state's laid-out size: its header names the object, so a save's may be a
+# little longer than the reservation's
+STAGING_SLACK = 64 << 10
+
+
 def plan(uri: str, state: object, chunk: int, metadata: Mapping[str, str] | None) -> _Plan:
     """Validate and lay out ``state`` (no array data is read); ConfigError before any I/O."""
     meta = _user_metadata(metadata)
@@ -251,6 +256,29 @@ class StateMixin(LoadsMixin):
             target, p.size, data=[memoryview(prefix), *views], progress=progress, expect_crc32c=expected
         )
         return self._state_result(p, "none", now() - t0, 0.0, 0.0, prepass, copied, saved)
+
+    async def reserve_staging(
+        self, state: Mapping[Any, Any], *, metadata: Mapping[str, str] | None = None
+    ) -> int:
+        """Make the ``staging="host"`` area big enough for ``state``, its pages faulted in, in a
+        worker thread; the area's size in bytes.
+
+        The first staged save otherwise allocates and faults the area while the caller waits
+        (a 1 GiB state: blocked 0.2-1.3 s, later saves about 0.1 s). Call it before training
+        starts; :class:`~asyncckpt.manager.CheckpointManager` does, in the background. A save
+        still writing from the area is waited for first.
+        """
+        area, chunk = self._staging_area, self.config.chunk_size
+
+        def lay_out_and_fault() -> int:
+            p = plan("<staging area>", state, chunk, metadata)
+            return area.reserve(p.size + STAGING_SLACK)
+
+        async with area.lock:
+            if area.pending is not None:  # the area is being written from: never remapped under it
+                await asyncio.wait([area.pending])
+                area.pending = None
+            return await run_blocking(self._ensure_executor(), lay_out_and_fault)
 
     async def _check_target(self, uri: str) -> None:
         sink = await self._sink(uri)

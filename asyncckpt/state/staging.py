@@ -3,7 +3,9 @@
 It holds a whole object (header + tensors, laid out exactly as in the file), so the write
 that follows in the background reads one contiguous buffer. It is kept between saves (a
 training loop checkpoints the same state size again and again: no allocation or page
-faults after the first), grows when a larger state comes, and is freed by ``aclose``.
+faults after the first), grows when a larger state comes, and is freed by ``aclose``. The
+first staged save pays for the mapping and its page faults (a 1 GiB state: blocked 0.2-1.3 s,
+against about 0.1 s after) unless ``reserve_staging`` made the area beforehand.
 The copy into it is split into equal shares of pieces, one per worker thread (NumPy and torch
 copies release the GIL), so the caller is blocked for about one memcpy of the state; a thread
 done with its share takes over pieces of a slower one.
@@ -46,6 +48,15 @@ class StagingArea:
             self._map = private_mapping(max(PAGE, -(-size // PAGE) * PAGE))
         assert self._map is not None
         return memoryview(self._map)[:size]
+
+    def reserve(self, size: int) -> int:
+        """Make the area hold ``size`` bytes, its pages faulted in now (a thread's work, with no
+        write using the area); its capacity. A mapping already big enough was touched by the
+        copies of earlier saves and is left alone."""
+        if self.capacity < size:
+            view = self.ensure(size)
+            np.frombuffer(view, np.uint8)[::PAGE] = 0  # one write per page: the kernel maps it
+        return self.capacity
 
     def close(self) -> None:
         if self._map is not None:
