@@ -12,6 +12,7 @@ once lowered, stays so.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -19,10 +20,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from asyncckpt import AsyncCheckpointer, ConfigError
+from asyncckpt.cpu import run_queue
 from asyncckpt.monitor import current_rss
+from asyncckpt.priority import is_idle_class, nice_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,3 +174,16 @@ async def test_a_save_starved_by_sched_idle_says_so(
     assert result.metadata.cpu_idle is cpu_idle
     starved = [r for r in caplog.records if "waited" in r.message and "SCHED_IDLE" in r.message]
     assert bool(starved) is warned, [r.message for r in caplog.records]
+
+
+async def test_a_staged_saves_checksum_pass_runs_on_the_lowered_lane(tmp_path: Path) -> None:
+    # the pass over the staged copy runs while the training goes on: background CPU work
+    state = await asyncio.to_thread(lambda: {"w": np.arange(8 << 20, dtype=np.float64)})  # 64 MiB
+    async with AsyncCheckpointer(chunk_size=1 << 20, num_buffers=4) as ckpt:
+        staged = await ckpt.save_state(tmp_path / "s.safetensors", state, staging="host")
+        result = await staged
+        assert ckpt._cpu is not None  # a state save made the lane's thread: only the pass uses it
+        (tid,) = ckpt._cpu.tids()
+        assert is_idle_class(tid) and nice_of(tid) == 10
+        on_cpu, _ = run_queue([tid])
+        assert on_cpu >= 0.5 * result.prepass_s > 0  # the CRC pass, CPU-bound, ran on it

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
@@ -171,6 +172,9 @@ class StateMixin(LoadsMixin):
         *,
         in_place: bool,
     ) -> SaveResult:
+        raise NotImplementedError
+
+    def _cpu_executor(self) -> Executor:
         raise NotImplementedError
 
     @property
@@ -333,9 +337,12 @@ class StateMixin(LoadsMixin):
         copy_s = inline_s + now() - t_copy
 
         async def write() -> StateSaveResult:
-            executor = self._ensure_executor()
             data = [view[p.data_start : p.size]]
-            prefix, expected, prepass = await run_blocking(executor, finish_header, p, data, chunk)
+            # the checksum pass is CPU-only background work: on the lowered CPU lane, so the
+            # training's own threads keep their cores (asyncckpt.priority)
+            prefix, expected, prepass = await run_blocking(
+                self._cpu_executor(), finish_header, p, data, chunk
+            )
             view[: p.data_start] = prefix
             # written from the area itself: no pool copy, and the pre-pass CRCs are the chunks'
             saved = await self._save_object(uri, p.size, view, "streaming", progress, expected, in_place=True)
