@@ -146,14 +146,14 @@ class CheckpointManager:
     async def restore(self, into: Mapping[Any, Any] | None = None, *, as_torch: bool = False) -> int | None:
         """Load the latest committed step (in place with ``into=``); its number, or None."""
         await self.start()
+        if into is not None:  # the state this run will save: its staging area, made meanwhile
+            self._reserve(into)
         latest = await steps.latest_step(self.ckpt, self.root)
         if latest is None:
             return None
         self.restored = await steps.load_step(
             self.ckpt, self.root, latest, into=into, as_torch=as_torch, coll=self._coll
         )
-        if into is not None:
-            self._reserve(into)
         return latest
 
     async def maybe_save(self, step: int, state: Mapping[Any, Any]) -> bool:

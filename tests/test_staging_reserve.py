@@ -110,6 +110,15 @@ async def test_manager_makes_the_area_at_a_step_that_saves_nothing(tmp_path: Pat
         assert fresh._staging_area.capacity >= size  # restore(into=) reserved it too
 
 
+async def test_a_fresh_runs_restore_into_reserves_too(tmp_path: Path) -> None:
+    state = await _made(5, 8)
+    ckpt = AsyncCheckpointer(chunk_size=MiB, num_buffers=4)
+    async with ckpt, CheckpointManager(tmp_path, checkpointer=ckpt) as mgr:
+        assert await mgr.restore(into=state) is None  # nothing saved yet: the run starts fresh
+        await mgr.wait()
+        assert ckpt._staging_area.capacity >= plan("x", state, MiB, None).size
+
+
 async def test_a_bad_state_fails_reserve_by_name_and_the_manager_only_warns(tmp_path: Path) -> None:
     bad = {"model": {"w": object()}}
     async with AsyncCheckpointer(chunk_size=MiB, num_buffers=4) as ckpt:
