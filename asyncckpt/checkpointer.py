@@ -134,16 +134,23 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         priority.lower(helper_threads(), nice, idle=idle)
         return self._cpu
 
-    def _cpu_priority(self, method: str, *, in_library: bool) -> dict[str, Any]:
+    def _cpu_priority(self, method: str, *, in_library: bool, generator: str | None) -> dict[str, Any]:
         """The niceness and class the save's CPU-only work ran at: the pool's fills and checksums
         on the lowered threads; generation in a writer process at its niceness (never SCHED_IDLE:
-        its uploads run there too); a whole-object save's on the shared threads."""
+        its uploads run there too); a whole-object save's on the shared threads. dgen-py's pool
+        is process-global and keeps the lowest priority any checkpointer gave it: a fill there
+        ran at that, whatever this checkpointer's options."""
         cfg = self.config
         if in_library:
             return {"cpu_nice": cfg.resolved_cpu_nice, "cpu_idle": False}
-        if method == "streaming":
-            return {"cpu_nice": cfg.resolved_cpu_nice, "cpu_idle": cfg.resolved_cpu_idle}
-        return {"cpu_nice": 0, "cpu_idle": False}
+        if method != "streaming":
+            return {"cpu_nice": 0, "cpu_idle": False}
+        nice, idle = cfg.resolved_cpu_nice, cfg.resolved_cpu_idle
+        if generator == "dgen":
+            pool = priority.priorities(helper_threads())
+            nice = max([nice, *(n for n, _ in pool)])
+            idle = idle or any(i for _, i in pool)
+        return {"cpu_nice": nice, "cpu_idle": idle}
 
     def _lane_tids(self) -> tuple[int, ...]:
         """The threads that run fills and checksums (at a lower priority unless niceness 0)."""
@@ -153,8 +160,11 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         """Say so when ``SCHED_IDLE`` kept the save's fills and checksums waiting for a CPU more
         than running: other threads kept every CPU busy (two CPU burners on the 2-core VM: a
         save ran at 0.011-0.014 GB/s, at 0.5-0.9 with niceness 10 alone)."""
-        cpu, waited = (b - a for a, b in zip(before, run_queue(self._lane_tids()), strict=True))
-        if self.config.resolved_cpu_idle and waited > max(STARVED_MIN_S, cpu):
+        lane = self._lane_tids()
+        cpu, waited = (b - a for a, b in zip(before, run_queue(lane), strict=True))
+        # the class the lane really ran in: dgen-py's pool keeps what an earlier save gave it
+        idle = self.config.resolved_cpu_idle or any(i for _, i in priority.priorities(lane))
+        if idle and waited > max(STARVED_MIN_S, cpu):
             log.warning(
                 "the save's fills and checksums waited %.2f s for a CPU and ran %.2f s: other "
                 "threads held every CPU and SCHED_IDLE (cpu_idle) gives this work only what they "
@@ -527,7 +537,9 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
             gen_threads=src.get("gen_threads"),
             gen_threads_requested=src.get("gen_threads_requested", self._budget.threads),
             fsync=cfg.fsync,
-            **self._cpu_priority(method, in_library="generated_in_library_by" in snk),
+            **self._cpu_priority(
+                method, in_library="generated_in_library_by" in snk, generator=src.get("generator")
+            ),
         )
         run = run_fields(
             setup,

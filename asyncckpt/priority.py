@@ -48,6 +48,17 @@ def is_idle_class(tid: int) -> bool:
     return idle is not None and os.sched_getscheduler(tid) == idle
 
 
+def priorities(tids: Iterable[int]) -> list[tuple[int, bool]]:
+    """(niceness, in SCHED_IDLE) of each of these threads still alive."""
+    out = []
+    for tid in tids:
+        try:
+            out.append((nice_of(tid), is_idle_class(tid)))
+        except (ProcessLookupError, PermissionError):  # exited meanwhile
+            continue
+    return out
+
+
 def lower(tids: Iterable[int], nice: int, *, idle: bool = False) -> None:
     """Raise each thread's niceness to at least ``nice`` and, with ``idle``, move it to
     ``SCHED_IDLE`` where the system has it (never the reverse; gone threads skipped)."""

@@ -97,6 +97,34 @@ def test_the_mlperf_rule_leaves_priorities_alone() -> None:
     assert set(got["dgen_helpers"]) == {0}  # type: ignore[arg-type]
 
 
+RECORDED = """
+import asyncio, json, sys
+from asyncckpt import AsyncCheckpointer
+
+async def main():
+    out = []
+    for options in json.loads(sys.argv[1]):
+        async with AsyncCheckpointer(chunk_size=1 << 20, num_buffers=4, **options) as ckpt:
+            m = (await ckpt.save("null://probe", 8 << 20)).metadata
+            out.append([m.cpu_nice, m.cpu_idle])
+    print(json.dumps(out))
+
+asyncio.run(main())
+"""
+
+
+def test_a_result_records_the_priority_dgens_pool_really_had() -> None:
+    # the pool is process-global and never raised again: after a default save, an mlperf save's
+    # fills ran at niceness 10 in SCHED_IDLE too, and its result says so
+    runs = [{"thread_budget": "mlperf"}, {"cpu_idle": False}, {}, {"thread_budget": "mlperf"}]
+    out = subprocess.run(
+        [sys.executable, "-c", RECORDED, json.dumps(runs)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    recorded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert recorded == [[0, False], [10, False], [10, True], [10, True]]
+
+
 @pytest.mark.parametrize("bad", [-1, 20, 2.5, "10", True])
 def test_bad_cpu_nice_is_refused_naming_it(bad: object) -> None:
     with pytest.raises(ConfigError, match=rf"cpu_nice.*{bad!r}"):
@@ -164,16 +192,17 @@ def every_cpu_busy() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("every_cpu_busy")
-@pytest.mark.parametrize(("cpu_idle", "warned"), [(True, True), (False, False)])
-async def test_a_save_starved_by_sched_idle_says_so(
-    cpu_idle: bool, warned: bool, caplog: pytest.LogCaptureFixture
-) -> None:
+@pytest.mark.parametrize("cpu_idle", [True, False])
+async def test_a_save_starved_by_sched_idle_says_so(cpu_idle: bool, caplog: pytest.LogCaptureFixture) -> None:
     # SCHED_IDLE work gets what normal threads leave: with every CPU busy, almost nothing
     async with AsyncCheckpointer(chunk_size=4 << 20, num_buffers=2, cpu_idle=cpu_idle) as ckpt:
         result = await ckpt.save("null://starved", 32 << 20)
-    assert result.metadata.cpu_idle is cpu_idle
+    # the class the work really ran in: dgen-py's pool keeps SCHED_IDLE once an earlier save in
+    # this process put it there, whatever cpu_idle says now
+    if cpu_idle:
+        assert result.metadata.cpu_idle
     starved = [r for r in caplog.records if "waited" in r.message and "SCHED_IDLE" in r.message]
-    assert bool(starved) is warned, [r.message for r in caplog.records]
+    assert bool(starved) is result.metadata.cpu_idle, [r.message for r in caplog.records]
 
 
 async def test_a_staged_saves_checksum_pass_runs_on_the_lowered_lane(tmp_path: Path) -> None:

@@ -82,8 +82,9 @@ async def test_rule_and_override_are_recorded() -> None:
     assert (mlperf.thread_budget_rule, mlperf.thread_budget_threads) == ("mlperf", max(1, _share()))
     forced = (await _save(gen_threads=3)).metadata
     assert (forced.thread_budget_rule, forced.thread_budget_threads) == ("override", 3)
-    assert (mlperf.cpu_nice, mlperf.cpu_idle) == (0, False)
-    assert ((await _save(cpu_idle=False)).metadata.cpu_idle, forced.cpu_idle) == (False, True)
+    # (mlperf's own cpu_nice / cpu_idle: tests/test_loop_quiet.py, in a fresh process, since
+    # dgen-py's pool keeps whatever priority an earlier save in this one gave it)
+    assert forced.cpu_idle is True  # gen_threads given: still the library default's lane
 
 
 async def test_a_whole_object_save_records_the_shared_threads_and_a_load_records_none(tmp_path: Path) -> None:
