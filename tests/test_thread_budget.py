@@ -101,6 +101,9 @@ def test_cli_plan_uses_the_mlperf_rule() -> None:
     assert plan_from_args(parser.parse_args(["null://x"])).config.thread_budget == "mlperf"
     chosen = parser.parse_args(["null://x", "--thread-budget", "leave_loop_core"])
     assert plan_from_args(chosen).config.thread_budget == "leave_loop_core"
+    for switch, value in (("auto", None), ("on", True), ("off", False)):
+        config = plan_from_args(parser.parse_args(["null://x", "--cpu-idle", switch])).config
+        assert config.cpu_idle is value
 
 
 def test_cli_run_records_the_mlperf_rule(tmp_path: Path) -> None:
