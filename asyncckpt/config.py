@@ -66,8 +66,9 @@ class CheckpointConfig:
     # niceness of generation and checksum threads (asyncckpt.priority); None: 10 under
     # "leave_loop_core" (the loop wakes on time), 0 under "mlperf" (the bench CLI)
     cpu_nice: int | None = None
-    # those threads in the kernel's SCHED_IDLE class too (asyncckpt.priority); None: under
-    # "leave_loop_core" only (a waking loop preempts them at once: p99 lag into a file 2.06 → 1.08 ms)
+    # those threads in the kernel's SCHED_IDLE class too (asyncckpt.priority), opt-in: a waking
+    # loop preempts them at once (p99 lag into a file 2.06 -> 1.08 ms), but one of them holding
+    # the GIL while starved stalls the loop (0.16 s seen in CI); None: off
     cpu_idle: bool | None = None
     direct_io: bool | None = None
     fsync: bool = True
@@ -156,10 +157,8 @@ class CheckpointConfig:
 
     @property
     def resolved_cpu_idle(self) -> bool:
-        """``cpu_idle``, or the thread budget rule's default for it."""
-        if self.cpu_idle is not None:
-            return self.cpu_idle
-        return self.thread_budget == "leave_loop_core"
+        """``cpu_idle``; None is off (SCHED_IDLE is opt-in: asyncckpt.priority)."""
+        return bool(self.cpu_idle)  # opt-in under either rule: see asyncckpt.priority
 
 
 def validate_size(size: object) -> int:

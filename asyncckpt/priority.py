@@ -13,12 +13,13 @@ Niceness alone was not enough into a file: a timer wake-up of the loop lands on 
 the loop last slept, and the kernel left it queued behind a niceness-10 fill or checksum until
 the next scheduler tick (4 ms at HZ=250, ``perf sched timehist``) while the other core idled.
 A thread in the kernel's ``SCHED_IDLE`` class is preempted by any normal thread the moment it
-wakes, and its core counts as idle when the kernel places a waking thread, so the library
-default also puts these threads there (``cpu_idle``): loop p99 into a file 2.06 → 1.08 ms at
-the same GB/s. The price: when normal threads (a CPU-bound training step on every core) want
-all the CPUs, this work gets almost none of them until they pause, where niceness 10 still
-gave it about a tenth (a save that starved so logs a warning:
-``AsyncCheckpointer._warn_if_starved``).
+wakes, so ``cpu_idle=True`` also puts these threads there: loop p99 into a file 2.06 → 1.08 ms
+at the same GB/s on a quiet machine. It is opt-in, for two measured reasons. Such a thread gets
+only the CPU that normal threads leave (with a busy loop on each core, 0.011-0.014 GB/s where
+niceness 10 gave 0.5-0.9; a save that starved so logs a warning). And a starved one that holds
+the GIL stalls every other Python thread, the event loop included: the GIL is handed to a
+waiting thread after the switch interval, and the loop then waits until the kernel runs the
+idle one again (0.16 s, seen once in a CI run with it as the default).
 
 Niceness can only be raised, and ``SCHED_IDLE`` only entered, by an unprivileged process, so a
 thread is never "restored": that is why this work runs on threads of its own

@@ -47,7 +47,7 @@ async def measure(uri: str, size: int, rule: str, idle_s: float, cpu_idle: str) 
     options: dict[str, Any] = {"monitor_interval": TICK_S}
     if rule != LIBRARY_DEFAULT:
         options["thread_budget"] = rule
-    if cpu_idle != "auto":  # "off": the library default before SCHED_IDLE (niceness alone)
+    if cpu_idle != "auto":  # "on": the lowered threads in SCHED_IDLE too (opt-in)
         options["cpu_idle"] = cpu_idle == "on"
     async with AsyncCheckpointer(**options) as ckpt:
         await ckpt.save(uri, ckpt.config.chunk_size)  # warm-up: pool allocated and touched

@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=choices(modes.Switch),
         default="auto",
         help="run the generation and checksum threads in the kernel's SCHED_IDLE class (auto: "
-        "on under leave_loop_core, off under mlperf)",
+        "off; opt-in, see docs/architecture.md)",
     )
     p.add_argument("--seed", type=int, default=None, help="generator seed")
     p.add_argument("--method", choices=choices(modes.BenchMethod), default="streaming")
