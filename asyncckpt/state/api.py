@@ -278,10 +278,7 @@ class StateMixin(LoadsMixin):
             p = plan("<staging area>", state, chunk, metadata)
             return area.reserve(p.size + STAGING_SLACK)
 
-        async with area.lock:
-            if area.pending is not None:  # the area is being written from: never remapped under it
-                await asyncio.wait([area.pending])
-                area.pending = None
+        async with area.claimed():
             return await run_blocking(self._ensure_executor(), lay_out_and_fault)
 
     async def _check_target(self, uri: str) -> None:
@@ -301,10 +298,7 @@ class StateMixin(LoadsMixin):
     ) -> StagedSave:
         area = self._staging_area
         t_wait = now()
-        async with area.lock:  # one copy into the area at a time; then it is busy until written
-            if area.pending is not None:
-                await asyncio.wait([area.pending])
-                area.pending = None
+        async with area.claimed():  # one copy into the area at a time; then busy until written
             return await self._stage_and_write(area, uri, state, metadata, progress, t0, now() - t_wait)
 
     async def _stage_and_write(

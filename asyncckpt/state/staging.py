@@ -14,8 +14,10 @@ done with its share takes over pieces of a slower one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import mmap
 from collections import deque
+from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 from typing import Any
 
@@ -36,6 +38,16 @@ class StagingArea:
         self._map: mmap.mmap | None = None
         self.pending: asyncio.Task[Any] | None = None  # the background write using the area
         self.lock = asyncio.Lock()  # held while a save copies into the area
+
+    @contextlib.asynccontextmanager
+    async def claimed(self) -> AsyncIterator[None]:
+        """Held while a save copies into the area or a reservation remaps it: one at a time,
+        and only once the background write from the area is over (never remapped under it)."""
+        async with self.lock:
+            if self.pending is not None:
+                await asyncio.wait([self.pending])
+                self.pending = None
+            yield
 
     @property
     def capacity(self) -> int:
