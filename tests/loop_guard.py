@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import resource
 import sys
 import threading
 import time
@@ -46,6 +47,35 @@ class _GcClock:
 def _runqueue_wait(fd: int) -> float:
     """Seconds this thread has spent runnable but not running (waiting for a CPU)."""
     return int(os.pread(fd, 96, 0).split()[1]) / 1e9
+
+
+class _StartClock:
+    """Seconds the loop's thread spent in ``Thread.start`` (which waits until the new thread
+    has run its first Python: on a loaded machine, its wait for a CPU and the GIL), and how
+    many threads it started."""
+
+    def __init__(self, thread: int) -> None:
+        self.total = 0.0
+        self.count = 0
+        self.original = original = threading.Thread.start
+        clock = self
+
+        def start(started: threading.Thread) -> None:
+            if threading.get_ident() != thread:
+                return original(started)
+            t0 = time.perf_counter()
+            try:
+                return original(started)
+            finally:
+                clock.total += time.perf_counter() - t0
+                clock.count += 1
+
+        self.start = start
+
+
+def _sleeps() -> int:
+    """This thread's voluntary context switches (each a sleep: a lock, the GIL, a syscall)."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
 
 
 def _describe(handle: asyncio.Handle) -> str:
@@ -82,6 +112,7 @@ def guarded(slow: list[str]) -> Iterator[None]:
     """While active, append a description of each blocking callback run on this thread."""
     thread = threading.get_ident()
     fd = os.open(_SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)  # opened here: this thread's stats
+    starts = _StartClock(thread)
     original = asyncio.events.Handle._run
     gc_clock = _GcClock()
     gc.callbacks.append(gc_clock)
@@ -90,6 +121,7 @@ def guarded(slow: list[str]) -> Iterator[None]:
         if threading.get_ident() != thread:
             return original(handle)
         t0, w0, g0 = time.perf_counter(), _runqueue_wait(fd), gc_clock.total
+        s0, n0, v0 = starts.total, starts.count, _sleeps()
         sampler.stack, sampler.started_at = "", t0
         try:
             return original(handle)
@@ -100,17 +132,21 @@ def guarded(slow: list[str]) -> Iterator[None]:
                 waited = _runqueue_wait(fd) - w0 + gc_clock.total - g0
                 if took - waited >= SLOW_CALLBACK_S:
                     slow.append(
-                        f"{_describe(handle)} took {took:.3f} s ({waited:.3f} s of it for a CPU or in GC)"
-                        f"; the loop's thread was at:\n{sampler.stack or '(not sampled)'}"
+                        f"{_describe(handle)} took {took:.3f} s ({waited:.3f} s of it for a CPU or in GC; "
+                        f"{starts.total - s0:.3f} s starting {starts.count - n0} thread(s); "
+                        f"{_sleeps() - v0} sleep(s)); the loop's thread was at:\n"
+                        f"{sampler.stack or '(not sampled)'}"
                     )
 
     sampler = _Sampler(thread)
     sampler.start()
     asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+    threading.Thread.start = starts.start  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
         asyncio.events.Handle._run = original  # type: ignore[method-assign]
+        threading.Thread.start = starts.original  # type: ignore[method-assign]
         gc.callbacks.remove(gc_clock)
         sampler.stop.set()
         sampler.join()
