@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncckpt.servers.s3endpoint import S3Endpoint
-from asyncckpt.sinks import MEMORY_STORE, Sink, SinkOptions, make_sink
+from asyncckpt.sinks import MEMORY_STORE, Sink, SinkOptions, import_backend, make_sink
 from asyncckpt.sinks.s3 import installed
 from asyncckpt.units import MiB
 
@@ -50,6 +50,13 @@ class Target:
     s3: S3Endpoint | None = None
     bucket: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Import the backend's module and client library here, in the (synchronous) fixture,
+        as a checkpointer does in a thread: the test's first ``sink()`` runs on its event loop,
+        and a cold import there (``minio``'s modules, Mountpoint's shared library read from a
+        fresh venv) slept 0.10-0.15 s on the disk with the loop held."""
+        import_backend(self.backend)
 
     def uri(self, name: str) -> str:
         if self.backend == "file":

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import mmap
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +20,7 @@ import pytest
 from asyncckpt import TargetNotFoundError
 from asyncckpt.servers.s3endpoint import S3Endpoint
 
+from .conftest import ROOT
 from .plugins.s3servers import selected_kinds
 from .s3_harness import CHUNK, Target, in_child, new_bucket, run_child_suite, s3_backends
 
@@ -150,3 +153,26 @@ def test_out_of_process_backends_pass_the_same_suite(s3_endpoint: S3Endpoint) ->
     proc = run_child_suite(__file__, s3_endpoint)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.skipif(in_child(), reason="runs once, from the main suite")
+@pytest.mark.parametrize(
+    "library",
+    ["minio", "aiobotocore", pytest.param("s3torchconnectorclient", id="mountpoint")],
+)
+def test_the_harness_imports_the_client_library_before_the_tests_loop(library: str) -> None:
+    """A CI run failed a test whose first ``sink()`` imported the client library on the loop
+    (cold, from a fresh venv: 0.10-0.15 s asleep on the disk): the fixture imports it now, in a
+    fresh interpreter here so the import is really the first. (Ids are not backend names: the
+    child suite selects its tests by backend name.)"""
+    backend = {"s3torchconnectorclient": "s3torchconnector"}.get(library, library)
+    code = (
+        "import sys\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from pathlib import Path\n"
+        "from tests.s3_harness import Target\n"
+        f"Target({backend!r}, ThreadPoolExecutor(1), Path('.'))\n"
+        f"print({library!r} in sys.modules)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.stdout.strip() == "True", run.stdout + run.stderr
