@@ -74,6 +74,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         self._pool: BufferPool | None = None
         self._executor: Offload | None = None
         self._cpu: CpuThreads | None = None  # CPU-only work at a lower priority (priority.py)
+        self._pinned = False  # whether the last save's CPU-only work ran beside the loop's CPU
         self._lock = asyncio.Lock()
         self._closed = False
         self._stalled = False  # set by the stall watchdog
@@ -121,36 +122,42 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         return self._executor
 
     def _cpu_executor(self) -> Executor:
-        """Where fills and checksums run: threads of their own at ``cpu_nice`` and, with
-        ``cpu_idle``, in ``SCHED_IDLE`` (dgen-py's pool lowered to match), or the shared budget
-        when neither applies."""
+        """Where fills and checksums run: threads of their own at ``cpu_nice``, with ``cpu_idle``
+        in ``SCHED_IDLE``, with ``cpu_pin`` only beside the CPU this (the loop's) thread is on now
+        (dgen-py's pool lowered and pinned to match); or the shared budget when none applies."""
         nice, idle = self.config.resolved_cpu_nice, self.config.resolved_cpu_idle
         executor = self._ensure_executor()
-        if nice == 0 and not idle:
+        beside = priority.cpus_beside(priority.current_cpu()) if self.config.resolved_cpu_pin else None
+        self._pinned = beside is not None
+        # dgen-py's pool is process-global: another checkpointer may have pinned it
+        priority.pin(helper_threads(), beside or os.sched_getaffinity(0))
+        if nice == 0 and not idle and beside is None:
             return executor
         if self._cpu is None:  # under the CPU lane one call runs at a time: one thread, reused
             # (several idle threads woken in turn left the loop a worse tail: 2.4 ms p99, not 1.2)
             self._cpu = CpuThreads(1 if self._cpu_lane_used else executor.threads, nice, idle=idle)
         priority.lower(helper_threads(), nice, idle=idle)
+        self._cpu.cpus = beside
+        priority.pin(self._cpu.tids(), beside or os.sched_getaffinity(0))
         return self._cpu
 
     def _cpu_priority(self, method: str, *, in_library: bool, generator: str | None) -> dict[str, Any]:
-        """The niceness and class the save's CPU-only work ran at: the pool's fills and checksums
+        """The niceness, class and pinning the save's CPU-only work ran at: the pool's fills and checksums
         on the lowered threads; generation in a writer process at its niceness (never SCHED_IDLE:
         its uploads run there too); a whole-object save's on the shared threads. dgen-py's pool
         is process-global and keeps the lowest priority any checkpointer gave it: a fill there
         ran at that, whatever this checkpointer's options."""
         cfg = self.config
         if in_library:
-            return {"cpu_nice": cfg.resolved_cpu_nice, "cpu_idle": False}
+            return {"cpu_nice": cfg.resolved_cpu_nice, "cpu_idle": False, "cpu_pinned": False}
         if method != "streaming":
-            return {"cpu_nice": 0, "cpu_idle": False}
+            return {"cpu_nice": 0, "cpu_idle": False, "cpu_pinned": False}
         nice, idle = cfg.resolved_cpu_nice, cfg.resolved_cpu_idle
         if generator == "dgen":
             pool = priority.priorities(helper_threads())
             nice = max([nice, *(n for n, _ in pool)])
             idle = idle or any(i for _, i in pool)
-        return {"cpu_nice": nice, "cpu_idle": idle}
+        return {"cpu_nice": nice, "cpu_idle": idle, "cpu_pinned": self._pinned}
 
     def _lane_tids(self) -> tuple[int, ...]:
         """The threads that run fills and checksums (at a lower priority unless niceness 0)."""

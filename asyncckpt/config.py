@@ -68,8 +68,12 @@ class CheckpointConfig:
     cpu_nice: int | None = None
     # those threads in the kernel's SCHED_IDLE class too (asyncckpt.priority), opt-in: a waking
     # loop preempts them at once (p99 lag into a file 2.06 -> 1.08 ms), but one of them holding
-    # the GIL while starved stalls the loop (0.16 s seen in CI); None: off
+    # the GIL while starved stalls the loop (seen beside CPU burners); None: off
     cpu_idle: bool | None = None
+    # those threads only on the CPUs other than the one the event loop is on when a save starts
+    # (asyncckpt.priority): a waking loop then finds its core free (p99 lag into a file 2.08 ->
+    # 1.2 ms, same GB/s); None: on under "leave_loop_core", off under "mlperf"
+    cpu_pin: bool | None = None
     direct_io: bool | None = None
     fsync: bool = True
     reserve_space: bool = True  # fallocate files up front: ENOSPC before, not during, a save
@@ -109,7 +113,7 @@ class CheckpointConfig:
         modes.parse("thread_budget", self.thread_budget, modes.ThreadBudgetRule, fold=False)
         if self.cpu_nice is not None:
             _positive_int("cpu_nice", self.cpu_nice, 0, MAX_NICE)
-        for name in ("cpu_idle", "direct_io"):
+        for name in ("cpu_idle", "cpu_pin", "direct_io"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True, False or None, got {getattr(self, name)!r}")
         for name in ("fsync", "reserve_space"):
@@ -159,6 +163,13 @@ class CheckpointConfig:
     def resolved_cpu_idle(self) -> bool:
         """``cpu_idle``; None is off (SCHED_IDLE is opt-in: asyncckpt.priority)."""
         return bool(self.cpu_idle)  # opt-in under either rule: see asyncckpt.priority
+
+    @property
+    def resolved_cpu_pin(self) -> bool:
+        """``cpu_pin``, or the thread budget rule's default for it."""
+        if self.cpu_pin is not None:
+            return self.cpu_pin
+        return self.thread_budget == "leave_loop_core"
 
 
 def validate_size(size: object) -> int:

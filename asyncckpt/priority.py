@@ -12,14 +12,23 @@ hold buffers.
 Niceness alone was not enough into a file: a timer wake-up of the loop lands on the core where
 the loop last slept, and the kernel left it queued behind a niceness-10 fill or checksum until
 the next scheduler tick (4 ms at HZ=250, ``perf sched timehist``) while the other core idled.
+So under ``leave_loop_core`` these threads also run only on the CPUs *beside* the one the loop's
+thread is on when a save starts (``cpu_pin``; :func:`pin`): the loop's core stays free for its
+wake-ups, and the thread budget (one core fewer than the share) already fits on the others.
+Loop p99 into a file 2.08-2.09 → 1.19-1.23 ms, at the same GB/s into a file and ``null://``
+(alternating runs, docs/benchmarks.md). Unlike niceness, affinity can be given back: dgen-py's
+process-global pool is re-pinned at each save, to every CPU under ``mlperf``. A loop that moves
+to another core mid-save is followed only at the next save.
+
 A thread in the kernel's ``SCHED_IDLE`` class is preempted by any normal thread the moment it
 wakes, so ``cpu_idle=True`` also puts these threads there: loop p99 into a file 2.06 → 1.08 ms
-at the same GB/s on a quiet machine. It is opt-in, for two measured reasons. Such a thread gets
-only the CPU that normal threads leave (with a busy loop on each core, 0.011-0.014 GB/s where
-niceness 10 gave 0.5-0.9; a save that starved so logs a warning). And a starved one that holds
-the GIL stalls every other Python thread, the event loop included: the GIL is handed to a
-waiting thread after the switch interval, and the loop then waits until the kernel runs the
-idle one again (0.16 s, seen once in a CI run with it as the default).
+at the same GB/s on a quiet machine (measured with niceness alone; pinning gets as far by
+default). It is opt-in, for two measured reasons. Such a thread gets only the CPU that normal
+threads leave (with a busy loop on each core, 0.011-0.014 GB/s where niceness 10 gave 0.5-0.9;
+a save that starved so logs a warning). And a starved one that holds the GIL stalls every
+other Python thread, the event loop included: the GIL is handed to a waiting thread after the
+switch interval, and the loop then waits until the kernel runs the idle one again (with CPU
+burners beside it, a save in the test process stalled the test's own loop in 1 run of 3).
 
 Niceness can only be raised, and ``SCHED_IDLE`` only entered, by an unprivileged process, so a
 thread is never "restored": that is why this work runs on threads of its own
@@ -74,21 +83,49 @@ def lower(tids: Iterable[int], nice: int, *, idle: bool = False) -> None:
             continue
 
 
-def _lower_this_thread(nice: int, idle: bool) -> None:
-    lower([threading.get_native_id()], nice, idle=idle)
+def current_cpu() -> int | None:
+    """The CPU the calling thread runs on (Linux ``/proc/thread-self/stat``), else None."""
+    try:
+        with open("/proc/thread-self/stat", "rb") as f:
+            after_name = f.read().rsplit(b")", 1)[1].split()
+        return int(after_name[36])  # field 39, "processor"; the list starts at field 3
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def cpus_beside(cpu: int | None) -> frozenset[int] | None:
+    """The CPUs the calling thread may use, ``cpu`` left out; None when that leaves none (or
+    ``cpu`` is unknown or not among them)."""
+    allowed = os.sched_getaffinity(0)
+    if cpu is None or cpu not in allowed or len(allowed) < 2:
+        return None
+    return frozenset(allowed - {cpu})
+
+
+def pin(tids: Iterable[int], cpus: Iterable[int]) -> None:
+    """Let each thread run only on ``cpus`` (gone threads skipped)."""
+    mask = set(cpus)
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, mask)
+        except (ProcessLookupError, PermissionError):  # exited meanwhile / not ours to change
+            continue
 
 
 class CpuThreads(ThreadPoolExecutor):
     """Worker threads for CPU-only calls, each started at niceness ``nice`` (and in
-    ``SCHED_IDLE`` with ``idle``)."""
+    ``SCHED_IDLE`` with ``idle``) and, once :attr:`cpus` is set, only on those CPUs."""
 
     def __init__(self, threads: int, nice: int, *, idle: bool = False) -> None:
-        super().__init__(
-            threads,
-            thread_name_prefix="asyncckpt-cpu",
-            initializer=_lower_this_thread,
-            initargs=(nice, idle),
-        )
+        self.cpus: frozenset[int] | None = None
+        self._nice, self._idle = nice, idle
+        super().__init__(threads, thread_name_prefix="asyncckpt-cpu", initializer=self._started)
+
+    def _started(self) -> None:
+        tid = threading.get_native_id()
+        lower([tid], self._nice, idle=self._idle)
+        if self.cpus is not None:
+            pin([tid], self.cpus)
 
     def tids(self) -> tuple[int, ...]:
         """The native ids of its threads started so far."""

@@ -51,7 +51,8 @@ def format_cpu(r: RunResult) -> str:
 def _cpu_priority(m: RunMetadata) -> str:
     if m.cpu_nice is None:  # a file older than 2.3
         return ""
-    return f"; CPU work at nice {m.cpu_nice}{', SCHED_IDLE' if m.cpu_idle else ''}"
+    beside = ", beside the loop's CPU" if m.cpu_pinned else ""
+    return f"; CPU work at nice {m.cpu_nice}{', SCHED_IDLE' if m.cpu_idle else ''}{beside}"
 
 
 def format_save(r: SaveResult) -> str:

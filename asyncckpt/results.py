@@ -37,6 +37,8 @@ class RunSetup:
     # checksums: asyncckpt.priority); None in files older than 2.3, which did not record them
     cpu_nice: int | None = None
     cpu_idle: bool | None = None
+    # whether they ran only beside the CPU the event loop was on (cpu_pin); None before 2.4
+    cpu_pinned: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

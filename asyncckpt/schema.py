@@ -15,6 +15,7 @@ write-named ones); saves no longer carry the load-only ``verify_s``/``verify_bps
 records the stages' CPU (``checksum_cpu_s``, ``verify_cpu_s``); 2.1 files read with these empty.
 2.3: run metadata names the niceness and scheduling class of the CPU-only threads (``cpu_nice``,
 ``cpu_idle``); older files read with both null (not recorded).
+2.4: and whether they ran only beside the event loop's CPU (``cpu_pinned``); null before.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-SCHEMA_VERSION = "2.3"
+SCHEMA_VERSION = "2.4"
 #: the majors this release reads: its own and the previous one
 READABLE_MAJORS = ("1", "2")
 SCHEMA_RESOURCE = "schemas/result.schema.json"

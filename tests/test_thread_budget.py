@@ -91,8 +91,9 @@ async def test_a_whole_object_save_records_the_shared_threads_and_a_load_records
     async with AsyncCheckpointer(chunk_size=MiB, num_buffers=2) as ckpt:
         saved = await ckpt.save(uri, 3 * MiB, method="preallocate")
         loaded = await ckpt.load(uri)
-    assert (saved.metadata.cpu_nice, saved.metadata.cpu_idle) == (0, False)  # not the lowered threads
-    assert (loaded.metadata.cpu_nice, loaded.metadata.cpu_idle) == (None, None)
+    m = saved.metadata
+    assert (m.cpu_nice, m.cpu_idle, m.cpu_pinned) == (0, False, False)  # not the lowered threads
+    assert (loaded.metadata.cpu_nice, loaded.metadata.cpu_idle, loaded.metadata.cpu_pinned) == (None,) * 3
 
 
 def test_cli_plan_uses_the_mlperf_rule() -> None:
@@ -119,7 +120,7 @@ def test_cli_run_records_the_mlperf_rule(tmp_path: Path) -> None:
     m = doc["results"][0]["metadata"]
     assert m["thread_budget_rule"] == "mlperf"
     assert m["thread_budget_threads"] == max(1, m["usable_cpus"] // m["local_ranks"])
-    assert (m["cpu_nice"], m["cpu_idle"]) == (0, False)
+    assert (m["cpu_nice"], m["cpu_idle"], m["cpu_pinned"]) == (0, False, False)
     assert "by the mlperf rule" in proc.stdout  # the report says which rule sized the threads
     assert "Event-loop lag:" in proc.stdout  # and the CLI reports its own lag
 
