@@ -10,7 +10,7 @@ result recorded, the verdict on p99 <= 2 ms from the per-run p99 values, and the
 cost of leaving a core (GB/s ratio leave_loop_core / mlperf per pair, file and null).
 
     python benchmarks/bench_loop_lag.py --size 4GiB --dir /var/tmp --repeat 5 [--loop asyncio]
-        [--cpu-idle off] [--busy-cpus 2]
+        [--cpu-idle off] [--cpu-pin off] [--busy-cpus 2]
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ TARGET_P99_MS = 2.0
 TICK_S = 0.001
 
 
-async def measure(uri: str, size: int, rule: str, idle_s: float, cpu_idle: str) -> dict[str, Any]:
+async def measure(
+    uri: str, size: int, rule: str, idle_s: float, cpu_idle: str, cpu_pin: str
+) -> dict[str, Any]:
     """One run: the loop idle, then a warm-up save and the measured save."""
     async with LoopMonitor(TICK_S) as idle:
         await asyncio.sleep(idle_s)
@@ -49,6 +51,8 @@ async def measure(uri: str, size: int, rule: str, idle_s: float, cpu_idle: str) 
         options["thread_budget"] = rule
     if cpu_idle != "auto":  # "on": the lowered threads in SCHED_IDLE too (opt-in)
         options["cpu_idle"] = cpu_idle == "on"
+    if cpu_pin != "auto":  # "off": the lowered threads on every CPU (as before 2.4)
+        options["cpu_pin"] = cpu_pin == "on"
     async with AsyncCheckpointer(**options) as ckpt:
         await ckpt.save(uri, ckpt.config.chunk_size)  # warm-up: pool allocated and touched
         result = await ckpt.save(uri, size)
@@ -60,6 +64,7 @@ async def measure(uri: str, size: int, rule: str, idle_s: float, cpu_idle: str) 
         "gen_threads": m.gen_threads,
         "cpu_nice": m.cpu_nice,
         "cpu_idle": m.cpu_idle,
+        "cpu_pinned": m.cpu_pinned,
         "idle_p99_ms": i.p99 * 1e3,
         "save_p50_ms": s.p50 * 1e3,
         "save_p99_ms": s.p99 * 1e3,
@@ -78,7 +83,10 @@ def run_loop(loop: str, coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, 
 
 
 def child(args: argparse.Namespace) -> None:
-    row = run_loop(args.loop, measure(args.uri, parse_size(args.size), args.rule, args.idle, args.cpu_idle))
+    row = run_loop(
+        args.loop,
+        measure(args.uri, parse_size(args.size), args.rule, args.idle, args.cpu_idle, args.cpu_pin),
+    )
     print(json.dumps(row))
 
 
@@ -97,7 +105,16 @@ def busy_cpus(n: int) -> Iterator[None]:
 
 def one_run(uri: str, rule: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", "--uri", uri, "--rule", rule, "--size", args.size]
-    cmd += ["--loop", args.loop, "--idle", str(args.idle), "--cpu-idle", args.cpu_idle]
+    cmd += [
+        "--loop",
+        args.loop,
+        "--idle",
+        str(args.idle),
+        "--cpu-idle",
+        args.cpu_idle,
+        "--cpu-pin",
+        args.cpu_pin,
+    ]
     with busy_cpus(args.busy_cpus):
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -157,6 +174,12 @@ def main() -> None:
         default="auto",
         help="cpu_idle for both rules (auto: each rule's default; off: niceness alone, as before 2.3)",
     )
+    p.add_argument(
+        "--cpu-pin",
+        choices=choices(Switch),
+        default="auto",
+        help="cpu_pin for both rules (auto: each rule's default; off: on every CPU, as before 2.4)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--uri", help=argparse.SUPPRESS)
     p.add_argument("--rule", choices=RULES, help=argparse.SUPPRESS)
@@ -186,12 +209,13 @@ def main() -> None:
     emit(
         "loop_lag",
         rows,
-        ("repeat", "target", "rule", "threads", "gen_threads", "cpu_nice", "cpu_idle", "idle_p99_ms",
-         "save_p50_ms", "save_p99_ms", "save_max_ms", "GBps"),
+        ("repeat", "target", "rule", "threads", "gen_threads", "cpu_nice", "cpu_idle", "cpu_pinned",
+         "idle_p99_ms", "save_p50_ms", "save_p99_ms", "save_max_ms", "GBps"),
         {
             "size_bytes": parse_size(args.size),
             "loop": args.loop,
             "cpu_idle": args.cpu_idle,
+            "cpu_pin": args.cpu_pin,
             "busy_cpus": args.busy_cpus,
             "tick_s": TICK_S,
             "target_p99_ms": TARGET_P99_MS,
