@@ -12,10 +12,16 @@
    25 and 50 GB/s (``X · c``).
 3. The check: ``mpirun -np 1`` and ``-np 2`` (each rank bound to one core, as mpirun does)
    saving ``null://`` (benchmarks/bench_mpi.py's runner), measured job throughput (MLPerf rule)
-   against the model's ``min(R / c_null, R · q · s / L_null)``; error = measured ÷ predicted − 1,
-   target within ±10 %.
+   against the model's ``min(R / c, R · q · s / L)`` with ``c`` the one-core ``null://`` input;
+   error = measured ÷ predicted − 1, target within ±10 %. The VM's memory bandwidth drifts
+   from minute to minute, and a prediction from an input taken minutes earlier inherited that
+   drift (errors −16 to +14 % over five runs whose medians were within 10 %), so the check is
+   ``--pairs`` rounds, each measuring the one-core input right beside its own ``-np 1`` and
+   ``-np 2`` runs (input first in even rounds, last in odd ones); the verdict per rank count
+   comes from the rounds' ratios measured ÷ predicted: "met" only when the median's 95 %
+   bootstrap interval lies within [0.90, 1.10].
 
-    python benchmarks/bench_scaling.py --size 2GiB --reps 3 [--no-s3] [--no-mpi]
+    python benchmarks/bench_scaling.py --size 2GiB --reps 3 --pairs 5 [--no-s3] [--no-mpi]
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import emit
+from _common import emit, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer, parse_size
 
@@ -125,9 +131,8 @@ def node_throughput(
     return min(bounds)
 
 
-def mpi_check(
-    args: argparse.Namespace, null: dict[str, Any], one_core: dict[str, Any]
-) -> list[dict[str, Any]]:
+def mpi_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``mpirun -np 1`` and ``-np 2`` into ``null://``: job GB/s and the ranks' own cost per byte."""
     from bench_mpi import bench, figures  # the same runner as the MPI benchmark
 
     run = argparse.Namespace(
@@ -137,41 +142,74 @@ def mpi_check(
         chunk_size=args.chunk_size,
         timeout=args.timeout,
     )
-    rows = []
+    out = []
     for np in (1, 2):
         report = bench(np, run)
         f = figures(report)
         (phase,) = [p for p in report["phases"] if p["phase"] == "save"]
-        rank_costs = [r["cpu_s_per_gb"] for c in phase["checkpoints"] for r in c["per_rank"]]
-        # mpirun binds each rank to one core: the node's cores for this job are the ranks;
-        # predicted from the inputs taken at two threads on two cores and at one core
-        predicted = node_throughput(
-            null, cores=np, ranks=np, endpoints=1, endpoint_gbps=None, nic_gbps=float("inf")
-        )
-        predicted_1c = node_throughput(
-            one_core, cores=np, ranks=np, endpoints=1, endpoint_gbps=None, nic_gbps=float("inf")
-        )
-        measured = f["throughput_bps_mean"] / GB
-        cost = statistics.median(c for c in rank_costs if c is not None) if any(rank_costs) else None
-        rows.append(
+        costs = [r["cpu_s_per_gb"] for c in phase["checkpoints"] for r in c["per_rank"]]
+        known = [c for c in costs if c is not None]
+        out.append(
             {
                 "ranks": np,
-                "predicted_GBps": predicted,
-                "measured_GBps": measured,
-                "error": measured / predicted - 1,
-                "within_10pct": abs(measured / predicted - 1) <= 0.10,
-                "predicted_1core_GBps": predicted_1c,
-                "error_1core": measured / predicted_1c - 1,
-                "within_10pct_1core": abs(measured / predicted_1c - 1) <= 0.10,
-                # the two terms of the error: did the cost per byte hold (the ranks' own
-                # cpu_s_per_gb against the input), and how many cores did the ranks get
-                "rank_cpu_s_per_gb": cost,
-                "cost_vs_input": cost / null["cpu_s_per_gb"] if cost is not None else None,
-                "cores_used": measured * cost if cost is not None else None,
+                "measured_GBps": f["throughput_bps_mean"] / GB,
+                "rank_cpu_s_per_gb": statistics.median(known) if known else None,
                 "gen_threads": f["gen_threads"],
             }
         )
-    return rows
+    return out
+
+
+def against(run: dict[str, Any], one_core: dict[str, Any]) -> dict[str, Any]:
+    """One MPI run against the model fed the one-core input."""
+    np, measured, cost = run["ranks"], run["measured_GBps"], run["rank_cpu_s_per_gb"]
+    # mpirun binds each rank to one core: the node's cores for this job are the ranks
+    predicted = node_throughput(
+        one_core, cores=np, ranks=np, endpoints=1, endpoint_gbps=None, nic_gbps=float("inf")
+    )
+    return {
+        **run,
+        "input_cpu_s_per_gb": one_core["cpu_s_per_gb"],
+        "predicted_GBps": predicted,
+        "ratio": measured / predicted,
+        "error": measured / predicted - 1,
+        # the two terms of the error: did the cost per byte hold (the ranks' own against the
+        # input), and how many cores did the ranks get
+        "cost_vs_input": cost / one_core["cpu_s_per_gb"] if cost is not None else None,
+        "cores_used": measured * cost if cost is not None else None,
+    }
+
+
+def within(ratios: list[float], tolerance: float = 0.10) -> dict[str, Any]:
+    """Two-sided verdict: "met" when the median ratio's interval lies in [1 - tol, 1 + tol]."""
+    low = ratio_verdict(ratios, 1 - tolerance)
+    high = ratio_verdict(ratios, 1 + tolerance, at_most=True)
+    verdicts = {low["verdict"], high["verdict"]}
+    verdict = "met" if verdicts == {"met"} else "not met" if "not met" in verdicts else "not demonstrated"
+    return {**low, "target": f"within {tolerance:.0%} of the model", "verdict": verdict}
+
+
+def mpi_check(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``--pairs`` rounds of (one-core input, -np 1, -np 2), the input's place alternating."""
+    rows: list[dict[str, Any]] = []
+    for i in range(args.pairs):
+        if i % 2 == 0:
+            one_core = measure_one_core(args)
+            runs = mpi_runs(args)
+        else:  # the input after its runs: drift within a round does not favour one side
+            runs = mpi_runs(args)
+            one_core = measure_one_core(args)
+        checks = [against(r, one_core) for r in runs]
+        rows += [{"round": i, **r} for r in checks]
+        for r in checks:
+            print(
+                f"# round {i}: {r['ranks']} rank(s) {r['measured_GBps']:.2f} GB/s, predicted "
+                f"{r['predicted_GBps']:.2f} (input {r['input_cpu_s_per_gb']:.3f} CPU-s/GB): "
+                f"{r['error'] * 100:+.1f} %",
+                file=sys.stderr,
+            )
+    summary = {f"{np}_ranks": within([r["ratio"] for r in rows if r["ranks"] == np]) for np in (1, 2)}
+    return rows, summary
 
 
 def main() -> None:
@@ -179,6 +217,7 @@ def main() -> None:
     p.add_argument("--size", default="2GiB", help="per save (and per rank in the MPI check)")
     p.add_argument("--chunk-size", default="32MiB")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--pairs", type=int, default=5, help="rounds of the MPI check (>= 5)")
     p.add_argument("--tmpfs", default="/dev/shm")
     p.add_argument("--nic-gbps", type=float, default=50.0, help="per-node NIC for the projection (400 Gb/s)")
     p.add_argument(
@@ -190,6 +229,8 @@ def main() -> None:
     p.add_argument("--null-input-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--core", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.pairs < 5 and not args.no_mpi:
+        p.error("--pairs: a verdict needs at least 5 rounds")
     if args.null_input_only:  # the one-core child of measure_one_core
         if args.core is not None:  # before the generator pool starts: it sizes itself from this
             os.sched_setaffinity(0, {args.core})
@@ -222,8 +263,7 @@ def main() -> None:
         name: {f"{x}_GBps": round(x * inp["cpu_s_per_gb"], 1) for x in TARGETS_GBPS}
         for name, inp in inputs.items()
     }
-    one_core = measure_one_core(args)
-    check = [] if args.no_mpi else mpi_check(args, inputs["null"], one_core)
+    check, verdicts = ([], {}) if args.no_mpi else mpi_check(args)
     emit(
         "scaling",
         rows,
@@ -234,18 +274,17 @@ def main() -> None:
             "nic_gbps": args.nic_gbps,
             "endpoint_gbps": args.endpoint_gbps,
             "inputs": inputs,
-            "null_input_one_core": one_core,
             "cores_needed": cores_needed,
             "check": check,
-            "check_target": "measured within 10 % of predicted",
+            "check_verdicts": verdicts,
+            "check_target": "measured within 10 % of predicted (ratio in [0.90, 1.10])",
         },
     )
-    for r in check:
+    for name, v in verdicts.items():
+        errors = ", ".join(f"{(r - 1) * 100:+.1f}" for r in v["ratios"])
         print(
-            f"check: {r['ranks']} rank(s): predicted {r['predicted_GBps']:.2f} GB/s, measured "
-            f"{r['measured_GBps']:.2f} GB/s, error {r['error'] * 100:+.1f} %; from the one-core input "
-            f"{r['predicted_1core_GBps']:.2f} GB/s, error {r['error_1core'] * 100:+.1f} %; "
-            f"cores used {r['cores_used'] or 0:.2f}"
+            f"check, {name.replace('_', ' ')}: errors {errors} %; median ratio {v['median_ratio']:.3f} "
+            f"[{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}]: {v['verdict']}"
         )
 
 
