@@ -22,6 +22,9 @@ interval and the verdict against 0.97 (``_common.ratio_verdict``), as a table an
 document. ``--caller-data`` adds to each pair a default-mode save of caller bytes (``data=``,
 which keeps its copies: into the shared pool, then into s3dlio's memory) and the direct
 ceiling (s3dlio fed by copying a pre-filled buffer into ``reserve()``), reported beside it.
+``--with-crc`` adds to each pair s3dlio used directly plus the CRC32C of every part that
+asyncckpt computes for its manifest (same kernel, overlapped with the next part's generation
+as asyncckpt does), and a second, informative verdict against that.
 
 Prints a table and JSON (``--json FILE`` writes it too). Each backend runs in its own
 spawned process: s3dlio and the CRT configure their clients once per process. With
@@ -46,7 +49,7 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, get_args
 
@@ -54,6 +57,7 @@ import dgen_py
 from _common import emit, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer
+from asyncckpt.checksum import crc
 from asyncckpt.modes import ThreadBudgetRule
 from asyncckpt.report import format_table
 from asyncckpt.sinks.s3 import S3_BACKENDS, installed, sink_class
@@ -176,6 +180,31 @@ def direct_s3dlio(a: argparse.Namespace, data: Data) -> None:
         data.fill(view)
         w.commit(n)
         view.release()
+    w.close()
+
+
+def direct_s3dlio_crc(a: argparse.Namespace, data: Data) -> None:
+    """s3dlio used directly, plus the integrity work asyncckpt does per chunk: CRC32C of each
+    committed part (the same kernel) in another thread while the next part is generated."""
+    import s3dlio
+
+    uri = f"s3://{a.bucket}/direct-crc"
+    w = s3dlio.MultipartUploadWriter.from_uri(
+        uri, part_size=a.part_size, max_in_flight=a.max_in_flight, abort_on_drop=True
+    )
+    with ThreadPoolExecutor(1) as pool:
+        pending: tuple[Future[int], memoryview] | None = None
+        for _, n in chunks(a.size, a.part_size):
+            view = w.reserve(n)
+            data.fill(view)
+            w.commit(n)  # the committed view stays readable (s3dlio's reserve() contract)
+            if pending is not None:
+                pending[0].result()
+                pending[1].release()
+            pending = (pool.submit(crc, view), view)
+        if pending is not None:
+            pending[0].result()
+            pending[1].release()
     w.close()
 
 
@@ -462,10 +491,10 @@ def report_pairs(a: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -
     emit("s3_aiobotocore_pairs", rows, headers, extra)
 
 
-def run_direct(a: argparse.Namespace, backend: str, prefilled: bool) -> float:
+def run_direct(a: argparse.Namespace, backend: str, prefilled: bool, with_crc: bool = False) -> float:
     """One direct run (after a one-part warm-up) in this fresh process; returns GB/s."""
     _bench_environment(a)
-    fn = DIRECT[backend]
+    fn = direct_s3dlio_crc if with_crc else DIRECT[backend]
     warm = argparse.Namespace(**{**vars(a), "size": a.part_size})
     for args, timed in ((warm, False), (a, True)):
         data = Data(args.size, a.part_size, prefilled or not timed)
@@ -530,15 +559,21 @@ def pairs(a: argparse.Namespace, backend: str) -> None:
     rows: list[dict[str, Any]] = []
     for i in range(a.pairs):
         order = ("direct", "asyncckpt") if i % 2 == 0 else ("asyncckpt", "direct")
+        if a.with_crc:  # the CRC'd direct run beside its pair, first or last in turn
+            order = ("direct_crc", *order) if i % 2 == 0 else (*order, "direct_crc")
         row: dict[str, Any] = {"pair": i + 1, "order": " then ".join(order)}
         for which in order:
             if which == "direct":
                 row["direct_gbps"] = fresh(run_direct, False)
+            elif which == "direct_crc":
+                row["direct_crc_gbps"] = fresh(run_direct, False, True)
             else:
                 got = fresh(run_default_save, False)
                 row["asyncckpt_gbps"] = got.pop("gbps")
                 row.update({f"asyncckpt_{k}": v for k, v in got.items()})
         row["ratio"] = row["asyncckpt_gbps"] / row["direct_gbps"]
+        if a.with_crc:
+            row["ratio_vs_direct_crc"] = row["asyncckpt_gbps"] / row["direct_crc_gbps"]
         if a.caller_data:
             row["ceiling_gbps"] = fresh(run_direct, True)
             got = fresh(run_default_save, True)
@@ -550,6 +585,8 @@ def pairs(a: argparse.Namespace, backend: str) -> None:
         print(f"pair {row['pair']}: ratio {row['ratio']:.3f}", file=sys.stderr)
     headers = ["pair", "order", "direct_gbps", "asyncckpt_gbps", "ratio", "asyncckpt_bottleneck"]
     headers += ["asyncckpt_gen_threads", "asyncckpt_lag_p99_ms"]
+    if a.with_crc:
+        headers += ["direct_crc_gbps", "ratio_vs_direct_crc"]
     if a.caller_data:
         headers += ["ceiling_gbps", "caller_gbps", "caller_vs_direct", "caller_vs_ceiling"]
     extra: dict[str, Any] = {
@@ -560,6 +597,8 @@ def pairs(a: argparse.Namespace, backend: str) -> None:
         "endpoint": a.endpoint,
         "verdict": ratio_verdict([r["ratio"] for r in rows], 0.97),
     }
+    if a.with_crc:  # informative: what asyncckpt adds beyond the per-chunk CRC32C it must do
+        extra["verdict_vs_direct_crc"] = ratio_verdict([r["ratio_vs_direct_crc"] for r in rows], 0.97)
     if a.caller_data:
         extra["caller_vs_direct_median"] = statistics.median(r["caller_vs_direct"] for r in rows)
         extra["caller_vs_ceiling_median"] = statistics.median(r["caller_vs_ceiling"] for r in rows)
@@ -570,6 +609,9 @@ def pairs(a: argparse.Namespace, backend: str) -> None:
     verdict = extra["verdict"]
     ci = verdict["ci95"]
     print(f"median ratio {verdict['median_ratio']}, 95 % CI {ci}: {verdict['verdict']} (>= 0.97)")
+    if a.with_crc:
+        v = extra["verdict_vs_direct_crc"]
+        print(f"vs direct with its CRC32C: median {v['median_ratio']}, 95 % CI {v['ci95']}: {v['verdict']}")
     emit("s3_default_vs_direct", rows, headers, extra)
 
 
@@ -608,6 +650,11 @@ def main() -> None:
     )
     p.add_argument("--caller-data", action="store_true", help="with --pairs: also save caller data (data=)")
     p.add_argument(
+        "--with-crc",
+        action="store_true",
+        help="with --pairs (s3dlio): also s3dlio used directly plus a CRC32C of each part, as asyncckpt does",
+    )
+    p.add_argument(
         "--thread-budget",
         choices=get_args(ThreadBudgetRule),
         default=None,
@@ -633,6 +680,8 @@ def main() -> None:
             p.error("--pairs needs at least 5 pairs for a verdict")
         if "," in a.backends:
             p.error("--pairs takes one backend: --backends aiobotocore (goal 3) or s3dlio (goal 2)")
+        if a.with_crc and a.backends != "s3dlio":
+            p.error("--with-crc: s3dlio only (--backends s3dlio)")
     server = None
     if a.endpoint is None:
         script = Path(__file__).with_name("s3_discard_server.py")
