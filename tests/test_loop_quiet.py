@@ -290,3 +290,26 @@ def test_the_lane_leaves_the_loops_core_and_mlperf_gets_every_core() -> None:
     assert all(len(mask) == len(every) - 1 and set(mask) < every for mask in pinned), pinned
     assert len({tuple(mask) for mask in pinned}) == 1, pinned  # one core left out, the same for all
     assert all(set(mask) == every for mask in mlperf["dgen_helpers"]), mlperf
+
+
+ONE_CPU = """
+import asyncio, json, os
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before any thread starts
+from asyncckpt import AsyncCheckpointer
+
+async def main():
+    async with AsyncCheckpointer(chunk_size=1 << 20, num_buffers=4) as ckpt:
+        m = (await ckpt.save("null://probe", 8 << 20)).metadata
+    print(json.dumps(m.cpu_pinned))
+
+asyncio.run(main())
+"""
+
+
+def test_with_one_usable_cpu_nothing_is_pinned() -> None:
+    """The loop's core is the only one: leaving it would leave the lane nothing, so the save
+    runs unpinned and says so."""
+    out = subprocess.run(
+        [sys.executable, "-c", ONE_CPU], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) is False
