@@ -108,8 +108,8 @@ def pin(tids: Iterable[int], cpus: Iterable[int]) -> None:
     for tid in tids:
         try:
             os.sched_setaffinity(tid, mask)
-        except (ProcessLookupError, PermissionError):  # exited meanwhile / not ours to change
-            continue
+        except OSError:  # exited meanwhile, not ours to change, or a CPU the cpuset took away:
+            continue  # pinning only keeps the loop's core free, never worth failing a save
 
 
 class CpuThreads(ThreadPoolExecutor):
