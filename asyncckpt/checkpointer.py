@@ -43,6 +43,8 @@ log = logging.getLogger("asyncckpt")
 # a save's fills and checksums "starved" (a warning) when they waited for a CPU longer than they
 # ran and longer than this (a quiet machine: a few per cent of their CPU time)
 STARVED_MIN_S = 0.5
+#: loop-monitor ticks at least monitor.LATE_S late after which a pinned lane gets every CPU back
+LATE_TICKS = 2
 #: backends whose modules this process has imported (off the loop, by ``_sink``)
 _IMPORTED: set[str] = set()
 METHODS = modes.choices(modes.SaveMethod)
@@ -75,6 +77,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         self._executor: Offload | None = None
         self._cpu: CpuThreads | None = None  # CPU-only work at a lower priority (priority.py)
         self._pinned = False  # whether the last save's CPU-only work ran beside the loop's CPU
+        self._late_ticks = 0  # loop-monitor ticks LATE_S late since the lane was last pinned
         self._lock = asyncio.Lock()
         self._closed = False
         self._stalled = False  # set by the stall watchdog
@@ -128,7 +131,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         nice, idle = self.config.resolved_cpu_nice, self.config.resolved_cpu_idle
         executor = self._ensure_executor()
         beside = priority.cpus_beside(priority.current_cpu()) if self.config.resolved_cpu_pin else None
-        self._pinned = beside is not None
+        self._pinned, self._late_ticks = beside is not None, 0
         # dgen-py's pool is process-global: another checkpointer may have pinned it
         priority.pin(helper_threads(), beside or os.sched_getaffinity(0))
         if nice == 0 and not idle and beside is None:
@@ -140,6 +143,26 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         self._cpu.cpus = beside
         priority.pin(self._cpu.tids(), beside or os.sched_getaffinity(0))
         return self._cpu
+
+    def _loop_late(self, lag: float) -> None:
+        """The loop monitor saw a tick ``lag`` s late: after ``LATE_TICKS`` of them with the lane
+        pinned, give it every CPU for the rest of the save. Pinned at niceness 10 beside a core
+        that other processes keep busy, the lane's Python thread gets preempted while it holds
+        the GIL and the loop waits for it: p99 16-24 ms with a busy loop on each core, against
+        2.9-3.4 ms unpinned, whose thread the kernel moves to the loop's core as soon as the loop
+        sleeps on the GIL. The next save pins again."""
+        self._late_ticks += 1
+        if not self._pinned or self._late_ticks < LATE_TICKS:
+            return
+        self._pinned = False
+        if self._cpu is not None:
+            self._cpu.cpus = None
+        priority.pin(self._lane_tids(), os.sched_getaffinity(0))
+        log.info(
+            "event loop %.1f ms late with the CPU lane pinned beside its core: other threads keep "
+            "the lane's cores busy, so it may use every CPU for the rest of this save",
+            lag * 1e3,
+        )
 
     def _cpu_priority(self, method: str, *, in_library: bool, generator: str | None) -> dict[str, Any]:
         """The niceness, class and pinning the save's CPU-only work ran at: the pool's fills and checksums
@@ -425,7 +448,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
             if expect_crc32c is None
             else None
         )
-        async with LoopMonitor(self.config.monitor_interval, sink=sink) as monitor:
+        async with LoopMonitor(self.config.monitor_interval, sink=sink, on_late=self._loop_late) as monitor:
             t0 = now()
             await sink.open(size if sealer is None else sealer.seal.object_size)
             t_open = now()

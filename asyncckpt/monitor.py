@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .cpu import CpuCounters, CpuMeter
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from .sinks.base import Sink
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+#: a tick this late is reported to ``on_late``: well above what a quiet save showed (max 4-5 ms
+#: on the 2-core VM, a scheduler tick) and below what a starved, pinned lane caused (16-24 ms p99)
+LATE_S = 0.010
 
 
 _statm: dict[int, int] = {}  # pid → its /proc/self/statm descriptor (a forked child opens its own)
@@ -55,9 +59,16 @@ with contextlib.suppress(OSError):  # opened with the module: a process-lifetime
 class LoopMonitor:
     """Samples loop lag and RSS until stopped; use as ``async with``."""
 
-    def __init__(self, interval: float = 0.005, *, sink: Sink | None = None) -> None:
+    def __init__(
+        self,
+        interval: float = 0.005,
+        *,
+        sink: Sink | None = None,
+        on_late: Callable[[float], None] | None = None,
+    ) -> None:
         self.interval = interval
         self.sink = sink  # whose CPU counters (writer process, storage calls) to read
+        self.on_late = on_late  # called on the loop with each tick at least LATE_S late
         self.cpu = CpuMeter()
         self.lags: list[float] = []
         self.baseline_rss = 0
@@ -69,7 +80,10 @@ class LoopMonitor:
         while True:
             expected = time.perf_counter() + self.interval
             await asyncio.sleep(self.interval)
-            self.lags.append(max(0.0, time.perf_counter() - expected))
+            lag = max(0.0, time.perf_counter() - expected)
+            self.lags.append(lag)
+            if lag >= LATE_S and self.on_late is not None:
+                self.on_late(lag)
             self.peak_rss = max(self.peak_rss, current_rss())
 
     async def __aenter__(self) -> LoopMonitor:
