@@ -149,7 +149,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         pinned, give it every CPU for the rest of the save. Pinned at niceness 10 beside a core
         that other processes keep busy, the lane's Python thread gets preempted while it holds
         the GIL and the loop waits for it: p99 16-24 ms with a busy loop on each core, against
-        2.9-3.4 ms unpinned, whose thread the kernel moves to the loop's core as soon as the loop
+        2.5-4.2 ms unpinned, whose thread the kernel moves to the loop's core as soon as the loop
         sleeps on the GIL. The next save pins again."""
         self._late_ticks += 1
         if not self._pinned or self._late_ticks < LATE_TICKS:

@@ -18,7 +18,12 @@ wake-ups, and the thread budget (one core fewer than the share) already fits on 
 Loop p99 into a file 2.08-2.09 → 1.19-1.23 ms, at the same GB/s into a file and ``null://``
 (alternating runs, docs/benchmarks.md). Unlike niceness, affinity can be given back: dgen-py's
 process-global pool is re-pinned at each save, to every CPU under ``mlperf``. A loop that moves
-to another core mid-save is followed only at the next save.
+to another core mid-save is followed only at the next save. The price shows when other
+processes keep the lane's cores busy: pinned at niceness 10, its Python thread is preempted
+holding the GIL and the loop sleeps on the GIL until it runs again (p99 16-24 ms with a busy
+loop per core, 2.5-4.2 unpinned, where the kernel pulls that thread onto the loop's idle
+core). So the checkpointer gives the pin back for the rest of a save once its loop monitor
+sees the loop late (``AsyncCheckpointer._loop_late``).
 
 A thread in the kernel's ``SCHED_IDLE`` class is preempted by any normal thread the moment it
 wakes, so ``cpu_idle=True`` also puts these threads there: loop p99 into a file 2.06 → 1.08 ms
