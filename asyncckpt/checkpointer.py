@@ -164,13 +164,22 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
             lag * 1e3,
         )
 
-    def _cpu_priority(self, method: str, *, in_library: bool, generator: str | None) -> dict[str, Any]:
+    def _cpu_priority(
+        self, method: str, *, in_library: bool, generator: str | None, lane_prepass: bool = False
+    ) -> dict[str, Any]:
         """The niceness, class and pinning the save's CPU-only work ran at: the pool's fills and checksums
         on the lowered threads; generation in a writer process at its niceness (never SCHED_IDLE:
         its uploads run there too); a whole-object save's on the shared threads. dgen-py's pool
         is process-global and keeps the lowest priority any checkpointer gave it: a fill there
-        ran at that, whatever this checkpointer's options."""
+        ran at that, whatever this checkpointer's options. A staged state save (``lane_prepass``)
+        writes CRCs it already has: its CPU-only work was the CRC pass, on the lane."""
         cfg = self.config
+        if lane_prepass:
+            return {
+                "cpu_nice": cfg.resolved_cpu_nice,
+                "cpu_idle": cfg.resolved_cpu_idle,
+                "cpu_pinned": self._pinned,
+            }
         if in_library:
             return {"cpu_nice": cfg.resolved_cpu_nice, "cpu_idle": False, "cpu_pinned": False}
         if method != "streaming":
@@ -531,6 +540,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
             close_s=t_end - t_close,
             wall_s=t_end - t0,
             close_detail=close_detail,
+            lane_prepass=placed is not None,
         )
 
     def _result(
@@ -548,6 +558,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         close_s: float,
         wall_s: float,
         close_detail: dict[str, float],
+        lane_prepass: bool = False,
     ) -> SaveResult:
         recs = times.records
         snk = sink.describe()
@@ -568,7 +579,10 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
             gen_threads_requested=src.get("gen_threads_requested", self._budget.threads),
             fsync=cfg.fsync,
             **self._cpu_priority(
-                method, in_library="generated_in_library_by" in snk, generator=src.get("generator")
+                method,
+                in_library="generated_in_library_by" in snk,
+                generator=src.get("generator"),
+                lane_prepass=lane_prepass,
             ),
         )
         run = run_fields(

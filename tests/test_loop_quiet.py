@@ -244,6 +244,8 @@ async def test_a_staged_saves_checksum_pass_runs_on_the_lowered_lane(tmp_path: P
         assert ckpt._cpu is not None  # a state save made the lane's thread: only the pass uses it
         (tid,) = ckpt._cpu.tids()
         assert nice_of(tid) == 10 and not is_idle_class(tid)  # the defaults: niceness alone
+        # and the result says where its CPU-only work (that pass) ran: it said nice 0 before
+        assert (result.save.metadata.cpu_nice, result.save.metadata.cpu_idle) == (10, False)
         on_cpu, waited = run_queue([tid])  # its whole life: only the pass ran on it
         # the CRC pass (CPU-bound: its seconds are CPU, or waiting for a CPU) ran there
         assert on_cpu + waited >= 0.5 * result.prepass_s > 0
