@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -56,16 +57,17 @@ asyncio.run(main())
 """
 
 
-def _niceness(options: dict[str, object]) -> dict[str, object]:
+def _fresh(code: str, *args: str) -> tuple[Any, str]:
+    """Run ``code`` in a fresh interpreter (dgen-py's pool is process-global): the JSON its last
+    line of output holds, and its stderr."""
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(options)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
+        [sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
     )
-    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def _niceness(options: dict[str, object]) -> dict[str, object]:
+    result: dict[str, object] = _fresh(PROBE, json.dumps(options))[0]
     return result
 
 
@@ -123,11 +125,7 @@ def test_a_result_records_the_priority_dgens_pool_really_had() -> None:
         {"thread_budget": "mlperf"},
         {"cpu_pin": False},
     ]
-    out = subprocess.run(
-        [sys.executable, "-c", RECORDED, json.dumps(runs)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    recorded = json.loads(out.stdout.strip().splitlines()[-1])
+    recorded, _ = _fresh(RECORDED, json.dumps(runs))
     two = len(os.sched_getaffinity(0)) >= 2  # pinning needs a CPU to leave
     assert recorded == [
         [0, False, False],
@@ -226,13 +224,10 @@ def test_a_save_starved_by_sched_idle_says_so(cpu_idle: str, warned: bool) -> No
     # SCHED_IDLE work gets what normal threads leave: with every CPU busy, almost nothing. In a
     # fresh interpreter: dgen-py's pool keeps its class for the process's life, and a starved
     # SCHED_IDLE thread holding the GIL may stall a loop (why the class is opt-in)
-    out = subprocess.run(
-        [sys.executable, "-c", STARVED, cpu_idle],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [10, warned]
-    starved = "waited" in out.stderr and "SCHED_IDLE" in out.stderr
-    assert starved is warned, out.stderr
+    recorded, stderr = _fresh(STARVED, cpu_idle)
+    assert recorded == [10, warned]
+    starved = "waited" in stderr and "SCHED_IDLE" in stderr
+    assert starved is warned, stderr
 
 
 async def test_a_staged_saves_checksum_pass_runs_on_the_lowered_lane(tmp_path: Path) -> None:
@@ -280,11 +275,7 @@ def test_the_lane_leaves_the_loops_core_and_mlperf_gets_every_core() -> None:
     ``leave_loop_core`` the lane's threads run only beside the CPU the loop is on. dgen-py's
     pool is process-global, so a later ``mlperf`` save gives it every CPU back."""
     runs = [{}, {"thread_budget": "mlperf"}]
-    out = subprocess.run(
-        [sys.executable, "-c", PINNED, json.dumps(runs)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    lane, mlperf = json.loads(out.stdout.strip().splitlines()[-1])
+    (lane, mlperf), _ = _fresh(PINNED, json.dumps(runs))
     every = set(lane["loop"])  # the loop's own thread is never pinned
     assert every == set(os.sched_getaffinity(0))
     pinned = lane["cpu_threads"] + lane["dgen_helpers"]
@@ -311,10 +302,7 @@ asyncio.run(main())
 def test_with_one_usable_cpu_nothing_is_pinned() -> None:
     """The loop's core is the only one: leaving it would leave the lane nothing, so the save
     runs unpinned and says so."""
-    out = subprocess.run(
-        [sys.executable, "-c", ONE_CPU], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
-    )
-    assert json.loads(out.stdout.strip().splitlines()[-1]) is False
+    assert _fresh(ONE_CPU)[0] is False
 
 
 GIVEN_BACK = """
@@ -340,13 +328,9 @@ def test_a_pinned_lane_on_busy_cores_gives_the_loop_back_its_time() -> None:
     result says it did not run pinned throughout."""
     lags = []
     for _ in range(3):  # the lag needs a burner to preempt the lane's thread holding the GIL
-        out = subprocess.run(
-            [sys.executable, "-c", GIVEN_BACK],
-            cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
-        )  # fmt: skip
-        pinned, max_lag = json.loads(out.stdout.strip().splitlines()[-1])
+        (pinned, max_lag), stderr = _fresh(GIVEN_BACK)
         if pinned is False:
-            assert "late with the CPU lane pinned beside its core" in out.stderr
+            assert "late with the CPU lane pinned beside its core" in stderr
             return
         lags.append(max_lag)  # pinned throughout: fine only if the loop was never late twice
     pytest.fail(f"the lane stayed pinned in 3 saves beside the burners (max loop lag per save {lags})")
