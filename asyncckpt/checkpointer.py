@@ -132,8 +132,9 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         executor = self._ensure_executor()
         beside = priority.cpus_beside(priority.current_cpu()) if self.config.resolved_cpu_pin else None
         self._pinned, self._late_ticks = beside is not None, 0
+        mask = beside or os.sched_getaffinity(0)  # unpinned: every CPU the loop's thread may use
         # dgen-py's pool is process-global: another checkpointer may have pinned it
-        priority.pin(helper_threads(), beside or os.sched_getaffinity(0))
+        priority.pin(helper_threads(), mask)
         if nice == 0 and not idle and beside is None:
             return executor
         if self._cpu is None:  # under the CPU lane one call runs at a time: one thread, reused
@@ -141,7 +142,7 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
             self._cpu = CpuThreads(1 if self._cpu_lane_used else executor.threads, nice, idle=idle)
         priority.lower(helper_threads(), nice, idle=idle)
         self._cpu.cpus = beside
-        priority.pin(self._cpu.tids(), beside or os.sched_getaffinity(0))
+        priority.pin(self._cpu.tids(), mask)
         return self._cpu
 
     def _loop_late(self, lag: float) -> None:
