@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import io
 import json
 import multiprocessing as mp
@@ -169,30 +170,19 @@ async def direct_aiobotocore(a: argparse.Namespace, data: Data) -> None:
         await upload_aiobotocore(a, c, data)
 
 
-def direct_s3dlio(a: argparse.Namespace, data: Data) -> None:
+def direct_s3dlio(a: argparse.Namespace, data: Data, *, with_crc: bool = False) -> None:
+    """s3dlio's zero-copy path: each part generated straight into its ``reserve()``d memory.
+    ``with_crc``: plus the integrity work asyncckpt does per chunk, a CRC32C of each committed
+    part (the same kernel) in another thread while the next part is generated."""
     import s3dlio
 
     w = s3dlio.MultipartUploadWriter.from_uri(
-        f"s3://{a.bucket}/direct", part_size=a.part_size, max_in_flight=a.max_in_flight, abort_on_drop=True
+        f"s3://{a.bucket}/direct{'-crc' if with_crc else ''}",
+        part_size=a.part_size,
+        max_in_flight=a.max_in_flight,
+        abort_on_drop=True,
     )
-    for _, n in chunks(a.size, a.part_size):
-        view = w.reserve(n)  # the library's zero-copy path: generate straight into its memory
-        data.fill(view)
-        w.commit(n)
-        view.release()
-    w.close()
-
-
-def direct_s3dlio_crc(a: argparse.Namespace, data: Data) -> None:
-    """s3dlio used directly, plus the integrity work asyncckpt does per chunk: CRC32C of each
-    committed part (the same kernel) in another thread while the next part is generated."""
-    import s3dlio
-
-    uri = f"s3://{a.bucket}/direct-crc"
-    w = s3dlio.MultipartUploadWriter.from_uri(
-        uri, part_size=a.part_size, max_in_flight=a.max_in_flight, abort_on_drop=True
-    )
-    with ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(1) as pool:  # its thread starts at the first CRC only
         pending: tuple[Future[int], memoryview] | None = None
         for _, n in chunks(a.size, a.part_size):
             view = w.reserve(n)
@@ -201,7 +191,11 @@ def direct_s3dlio_crc(a: argparse.Namespace, data: Data) -> None:
             if pending is not None:
                 pending[0].result()
                 pending[1].release()
-            pending = (pool.submit(crc, view), view)
+                pending = None
+            if with_crc:
+                pending = (pool.submit(crc, view), view)
+            else:
+                view.release()
         if pending is not None:
             pending[0].result()
             pending[1].release()
@@ -494,7 +488,7 @@ def report_pairs(a: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -
 def run_direct(a: argparse.Namespace, backend: str, prefilled: bool, with_crc: bool = False) -> float:
     """One direct run (after a one-part warm-up) in this fresh process; returns GB/s."""
     _bench_environment(a)
-    fn = direct_s3dlio_crc if with_crc else DIRECT[backend]
+    fn = functools.partial(direct_s3dlio, with_crc=True) if with_crc else DIRECT[backend]
     warm = argparse.Namespace(**{**vars(a), "size": a.part_size})
     for args, timed in ((warm, False), (a, True)):
         data = Data(args.size, a.part_size, prefilled or not timed)
