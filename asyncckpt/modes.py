@@ -38,6 +38,8 @@ VerifyMode = Literal["checksum", "regenerate", "none"]
 SaveMethod = Literal["streaming", "preallocate"]
 #: the bench CLI's spellings of an optional bool (``direct_io``, ``cpu_idle``): None / True / False
 Switch = Literal["auto", "on", "off"]
+#: each Switch spelling → the option's value
+SWITCH: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
 #: bench ``--method``: one save method or both, one after the other
 BenchMethod = Literal["streaming", "preallocate", "both"]
 #: bench ``--mode``: which phases run

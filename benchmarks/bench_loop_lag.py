@@ -30,7 +30,7 @@ from typing import Any
 from _common import bootstrap_ci, emit, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer, parse_size
-from asyncckpt.modes import Switch, ThreadBudgetRule, choices
+from asyncckpt.modes import SWITCH, Switch, ThreadBudgetRule, choices
 from asyncckpt.monitor import LoopMonitor
 
 RULES: tuple[str, ...] = choices(ThreadBudgetRule)  # ("leave_loop_core", "mlperf")
@@ -49,10 +49,9 @@ async def measure(
     options: dict[str, Any] = {"monitor_interval": TICK_S}
     if rule != LIBRARY_DEFAULT:
         options["thread_budget"] = rule
-    if cpu_idle != "auto":  # "on": the lowered threads in SCHED_IDLE too (opt-in)
-        options["cpu_idle"] = cpu_idle == "on"
-    if cpu_pin != "auto":  # "off": the lowered threads on every CPU (as before 2.4)
-        options["cpu_pin"] = cpu_pin == "on"
+    # "auto": the rule's default (None); cpu_idle "on" puts the lowered threads in SCHED_IDLE
+    # (opt-in), cpu_pin "off" leaves them on every CPU (as before 2.4)
+    options["cpu_idle"], options["cpu_pin"] = SWITCH[cpu_idle], SWITCH[cpu_pin]
     async with AsyncCheckpointer(**options) as ckpt:
         await ckpt.save(uri, ckpt.config.chunk_size)  # warm-up: pool allocated and touched
         result = await ckpt.save(uri, size)

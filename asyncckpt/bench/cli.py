@@ -31,7 +31,6 @@ from .runner import BenchPlan, BenchReport, run_plan
 from .scaleout import add_scaleout_arguments, parse_with_presets
 
 DEFAULT_SIZE = "1GiB"
-SWITCH: dict[str, bool | None] = {"auto": None, "on": True, "off": False}  # modes.Switch → option
 
 
 def _size(name: str) -> Callable[[str], int]:
@@ -178,8 +177,8 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         "gen_threads": args.gen_threads,
         "thread_budget": args.thread_budget,
         "cpu_nice": args.cpu_nice,
-        "cpu_idle": SWITCH[args.cpu_idle],
-        "direct_io": SWITCH[args.direct_io],
+        "cpu_idle": modes.SWITCH[args.cpu_idle],
+        "direct_io": modes.SWITCH[args.direct_io],
         "fsync": not args.no_fsync,
         "max_in_flight": args.max_in_flight,
         "backend": args.backend,
