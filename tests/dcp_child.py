@@ -5,7 +5,8 @@ into zeroed tensors of the same sharding, and check every value on every rank; t
 with ``dcp.async_save`` to ROOT/b; then load
 ROOT/full (one unsharded save) into the sharded layout (each rank narrows its rows out).
 ``crash``: save ROOT/prev completely, then start ROOT/partial; rank 1 SIGKILLs itself once
-its object is partly written (after its first chunk), in the middle of the save.
+its object is partly written (after its first chunk, once rank 0's object is committed), in
+the middle of the save.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -79,12 +81,25 @@ def main(mode: str, root: Path) -> None:
             assert torch.equal(resharded["sharded"].to_local(), want["sharded"].to_local()), rank
         print(f"rank {rank}: loaded", flush=True)
     else:
+        # Rank 1 dies only once rank 0's object is committed, so the run's ending is fixed:
+        # rank 0's object stands, rank 1's temporary is left torn. (Unordered, rank 0 could
+        # open its object after rank 1 had died and rightly remove the dead rank's temporary.)
+        store = dist.FileStore(str(root / "order"), 2)
+        store.set_timeout(timedelta(seconds=60))
 
         def die_midway(done: int) -> None:
             if rank == 1 and done >= CHUNK:
+                store.wait(["rank 0 committed"])
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        with AsyncCkptStorageWriter(root / "partial", chunk_size=CHUNK, progress=die_midway) as w:
+        class Rank0Signals(AsyncCkptStorageWriter):
+            def write_data(self, plan: Any, planner: Any) -> Any:
+                done = super().write_data(plan, planner)
+                if rank == 0:
+                    done.add_done_callback(lambda _: store.set("rank 0 committed", "1"))
+                return done
+
+        with Rank0Signals(root / "partial", chunk_size=CHUNK, progress=die_midway) as w:
             dcp.save(sharded_state(mesh, zero=False), storage_writer=w)
     dist.destroy_process_group()
 
