@@ -10,6 +10,7 @@ endpoint per process, so the tests run in a child pytest process per server (``r
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -63,6 +64,9 @@ async def test_s3dlio_synthetic_save_generates_in_place_without_a_copy(s3_env: S
         assert await asyncio.to_thread(checkpoint_data, raw) == want
         # generation is reported as generation (measured in the writer), per chunk
         assert result.chunks == 4 and result.gen_s > 0
+        # made back to back in a thread of their own, some before their request came (a count:
+        # how many depends on timing; tests/test_generate_ahead.py pins the mechanism down)
+        assert 0 <= extra["generated_ready_when_asked"] <= result.chunks
         for verify in ("checksum", "regenerate"):
             loaded = await ckpt.load(uri, verify=verify)
             assert loaded.size_bytes == SIZE and loaded.metadata.seed == SEED
@@ -94,8 +98,40 @@ async def test_s3dlio_caller_data_is_copied_once_into_s3dlio(s3_env: S3Endpoint)
         assert loaded.size_bytes == SIZE
 
 
+@child_only
+@pytest.mark.parametrize("isolation", ["none", "process"])
+async def test_s3dlio_in_place_save_cancelled_midway_leaves_no_thread_upload_or_object(
+    s3_env: S3Endpoint, isolation: str
+) -> None:
+    """Cancelled once its first chunk is up, the save stops its generating and checksum
+    threads (their chunks' memory returned before the upload is dropped), leaves no upload
+    and no object, and the same checkpointer (the same writer process) saves again."""
+    bucket = await asyncio.to_thread(new_bucket, s3_env)
+    async with checkpointer(s3_env, isolation=isolation) as ckpt:
+        task: asyncio.Task[object] | None = None
+
+        def cancel_after_first_chunk(done: int) -> None:
+            assert task is not None
+            task.cancel()  # from the save's own progress report: it cannot finish first
+
+        task = asyncio.create_task(
+            ckpt.save(f"s3://{bucket}/cancelled.bin", 12 * CHUNK, progress=cancel_after_first_chunk)
+        )
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        if isolation == "none":  # in this process: the threads are gone
+            names = [t.name for t in threading.enumerate()]
+            assert not [n for n in names if n.startswith(("asyncckpt-generate", "asyncckpt-crc"))], names
+        again = await ckpt.save(f"s3://{bucket}/after.bin", SIZE)
+        assert again.metadata.extra["generated_in_library_bytes"] == SIZE
+    listing = await s3_call(s3_env, "list_objects_v2", Bucket=bucket)
+    assert [o["Key"] for o in listing.get("Contents", [])] == ["after.bin"]
+    pending = await s3_call(s3_env, "list_multipart_uploads", Bucket=bucket)
+    assert pending.get("Uploads", []) == []
+
+
 @pytest.mark.skipif(in_child(), reason="this is the launcher of the child suite")
 def test_s3dlio_in_place_generation_in_a_child_suite(s3_endpoint: S3Endpoint) -> None:
     proc = run_child_suite(__file__, s3_endpoint, "s3dlio and not child_suite")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "3 passed" in proc.stdout, proc.stdout[-2000:]
+    assert "5 passed" in proc.stdout, proc.stdout[-2000:]

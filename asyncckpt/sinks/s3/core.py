@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import os
 import time
 from abc import abstractmethod
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..._blocking import run_blocking
-from ...checksum import timed_crc
 from ...errors import StorageError
 from ...sources.base import GenSpec, ThreadedSource
 from ..base import InPlaceWrite
+from .ahead import Ahead, Placed
 from .common import InOrder, S3SinkBase
+
+__all__ = ["AppendSink", "MultipartSink", "Placed"]
 
 
 class MultipartSink(S3SinkBase):
@@ -112,17 +114,6 @@ class MultipartSink(S3SinkBase):
             await self._abort_quietly(upload_id, self._abort, upload_id)
 
 
-@dataclass(frozen=True)
-class Placed:
-    """A chunk generated in a library's memory and committed (``AppendSink._generate``):
-    ``view`` stays readable after the commit (s3dlio's ``reserve()`` guarantees it), so its
-    CRC32C is taken over the very bytes uploaded while the next chunk is being generated."""
-
-    view: memoryview
-    fill_s: float
-    write_s: float
-
-
 class AppendSink(S3SinkBase):
     """A stream the library uploads as parts itself, fed strictly in offset order.
 
@@ -147,6 +138,10 @@ class AppendSink(S3SinkBase):
         self.copied_bytes = 0
         self.generated_bytes = 0
         self._generator_facts: dict[str, Any] | None = None
+        self._ahead: Ahead | None = None  # generates the chunks after begin_generation
+        self._generated_total = 0
+        #: chunks already generated when their request came (the generating thread runs ahead)
+        self.generated_ready_when_asked = 0
 
     @abstractmethod
     async def _open_stream(self) -> Any:
@@ -159,8 +154,9 @@ class AppendSink(S3SinkBase):
 
     def _generate(self, source: ThreadedSource, nbytes: int) -> Placed:
         """Fill the next ``nbytes`` of the stream from ``source`` in the library's own memory
-        and commit them (blocking; run in a worker thread); return the committed bytes still
-        readable (the caller checksums them, then releases the view). Libraries with
+        and commit them (blocking; run chunk after chunk in the generating thread of
+        :class:`~.ahead.Ahead`); return the committed bytes still readable (they are
+        checksummed, then the view is released). Libraries with
         ``generates_in_place`` supply it."""
         raise NotImplementedError(f"{self.backend} does not generate in place")
 
@@ -192,6 +188,7 @@ class AppendSink(S3SinkBase):
         if not self.generates_in_place or self.single_put or self._stream is None or self._order.next:
             return False
         self._generator = await run_blocking(self.executor, spec.make)  # starts dgen's pool here
+        self._generated_total = spec.total_size
         self._generator_facts = {**self._generator.describe(), "pid": os.getpid()}
         return True
 
@@ -199,20 +196,27 @@ class AppendSink(S3SinkBase):
         source = self._generator
         if source is None:
             raise RuntimeError("write_generated before begin_generation")
-        await self._order.wait(offset)
+        if self._ahead is None:  # the first request gives the chunk size: the whole layout
+            total = self._generated_total
+            layout = [(o, min(nbytes, total - o)) for o in range(0, total, nbytes)]
+            self._ahead = Ahead(functools.partial(self._generate, source), layout, self.executor)
         try:
-            placed = await self.blocking(f"write at offset {offset} of", self._generate, source, nbytes)
+            got = await self.guarded(f"write at offset {offset} of", self._ahead.take, offset, nbytes)
         finally:
             await self._order.advance(nbytes)  # on failure the whole save aborts anyway
-        try:  # the next chunk is generated meanwhile: the CRC32C no longer adds to each fill
-            checksum, checksum_s, _ = await run_blocking(self.executor, timed_crc, placed.view)
-        finally:
-            placed.view.release()
+        placed = got.placed
         self.generated_bytes += nbytes
         self.part_latency.append(placed.write_s)
         return InPlaceWrite(
-            fill_s=placed.fill_s, write_s=placed.write_s, checksum=checksum, checksum_s=checksum_s
+            fill_s=placed.fill_s, write_s=placed.write_s, checksum=got.checksum, checksum_s=got.checksum_s
         )
+
+    async def _stop_generating(self) -> None:
+        """End the generating threads (before the stream is closed or dropped: they use it)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            self.generated_ready_when_asked += ahead.ready_when_asked
+            await ahead.stop()
 
     async def write_part(self, offset: int, data: memoryview) -> float | None:
         if self.single_put:
@@ -231,6 +235,7 @@ class AppendSink(S3SinkBase):
         started = time.perf_counter()
         if self.single_put:
             return await self._put_small(started)
+        await self._stop_generating()
         if self._order.next != self._size:
             raise StorageError(
                 errno.EIO, self.what("complete") + f": {self._order.next} of {self._size} B written"
@@ -247,11 +252,16 @@ class AppendSink(S3SinkBase):
         out["generated_in_library_bytes"] = self.generated_bytes
         if self._generator_facts is not None:  # the generator that ran here (its own thread pool)
             out["generated_in_library_by"] = self._generator_facts
+            live = self._ahead.ready_when_asked if self._ahead is not None else 0
+            out["generated_ready_when_asked"] = self.generated_ready_when_asked + live
         return out
 
     async def abort(self) -> None:
         self._small = None
-        self._generator = None
+        try:
+            await self._stop_generating()
+        finally:
+            self._generator = None
         if self._stream is not None:
             try:
                 await self._abort_quietly(f"upload of unknown id ({self.backend})", self._drop_stream)
