@@ -440,7 +440,6 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
         placed: memoryview | None = None,
     ) -> SaveResult:
         executor = self._ensure_executor()
-        in_flight = self.config.max_in_flight or min(sink.default_in_flight, self.config.num_buffers)
         isolated = isinstance(writer := unwrap(sink), ProcessSink)
         if isolated or expect_crc32c is None:
             placed = None  # a writer process reads chunks from its shared arena only
@@ -462,6 +461,8 @@ class AsyncCheckpointer(StateMixin, LoadsMixin):
             t0 = now()
             await sink.open(size if sealer is None else sealer.seal.object_size)
             t_open = now()
+            # after open: the opened object may know better than its backend (a file on tmpfs)
+            in_flight = self.config.max_in_flight or min(sink.writes_in_flight(), self.config.num_buffers)
             try:
                 # synthetic data whose sink can generate it in its library's memory (s3dlio's
                 # reserve(), in the writer process by default) skips the pool and its copy

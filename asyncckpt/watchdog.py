@@ -154,6 +154,9 @@ class WatchedSink(Sink):
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)  # ProcessSink.attach_arena, S3 sink facts, ...
 
+    def writes_in_flight(self) -> int:
+        return self.inner.writes_in_flight()
+
     def check(self) -> None:
         self.inner.check()
 

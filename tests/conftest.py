@@ -141,3 +141,41 @@ def ramfs(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("mounting ramfs needs root (CI runs as root)")
     yield mnt
     subprocess.run(["umount", str(mnt)], check=True)
+
+
+def in_memory(directory: Path) -> str | None:
+    """The file system holding ``directory`` when it lives in memory (tmpfs, ramfs), else None."""
+    from asyncckpt.sinks.file import memory_file_system
+
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return memory_file_system(fd)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def disk_path(tmp_path: Path) -> Iterator[Path]:
+    """A fresh directory on a disk-backed file system: ``tmp_path`` unless that is a tmpfs (where
+    the file sink keeps one write in flight), then one under /var/tmp."""
+    if in_memory(tmp_path) is None:
+        yield tmp_path
+        return
+    if in_memory(Path("/var/tmp")) is not None:
+        pytest.skip("both the temporary directory and /var/tmp are in memory")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="asyncckpt-test-") as name:
+        yield Path(name)
+
+
+@pytest.fixture
+def shm_path() -> Iterator[Path]:
+    """A fresh directory on a file system in memory (/dev/shm)."""
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or in_memory(shm) is None:
+        pytest.skip("no tmpfs at /dev/shm")
+    with tempfile.TemporaryDirectory(dir=shm, prefix="asyncckpt-test-") as name:
+        yield Path(name)

@@ -29,11 +29,11 @@ def test_without_fio_it_says_how_to_install_it(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # nothing measured, nothing written
 
 
-def test_small_run_reports_verdicts_for_the_defaults(tmp_path: Path) -> None:
+def test_small_run_reports_verdicts_for_the_defaults(disk_path: Path) -> None:
     if shutil.which("fio") is None:
         pytest.skip("fio not installed: run tests/setup_system.sh (apt-get install -y fio)")
     args = ["--size", "32MiB", "--pairs", "5", "--engines", "libaio", "--depths", "1,2", "--sweep-reps", "1"]
-    proc = run(*args, "--dir", str(tmp_path))
+    proc = run(*args, "--dir", str(disk_path))
     assert proc.returncode == 0, proc.stderr
     doc: dict[str, Any] = json.loads(proc.stdout[proc.stdout.index("\n{") :])
     assert doc["benchmark"] == "fio"
@@ -50,4 +50,4 @@ def test_small_run_reports_verdicts_for_the_defaults(tmp_path: Path) -> None:
         assert all(r > 0 for r in verdict["ratios"])
         assert verdict["verdict"] in {"met", "not met", "not demonstrated"}
         assert verdict["target"] == ">= 0.95"
-    assert list(tmp_path.iterdir()) == []  # its temporary directory and files are gone
+    assert list(disk_path.iterdir()) == []  # its temporary directory and files are gone

@@ -190,7 +190,11 @@ class _Server:
         sink.check()
         await sink.open(size)
         temp = getattr(sink, "temp_path", None)
-        return {"temp_path": os.fspath(temp) if temp is not None else None, "describe": sink.describe()}
+        return {
+            "temp_path": os.fspath(temp) if temp is not None else None,
+            "describe": sink.describe(),
+            "writes_in_flight": sink.writes_in_flight(),
+        }
 
     async def do_write(self, hid: int, offset: int, at: int, length: int) -> float:
         assert self.view is not None, "write from the arena without an arena"

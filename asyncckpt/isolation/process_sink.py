@@ -343,6 +343,7 @@ class ProcessSink(Sink):
         self._pool = pool
         self._writer: WriterProcess | None = None
         self._hid = next(_HANDLES)
+        self._writes_in_flight = self.default_in_flight  # until the child's handle is open
         self._bound = False
         self._temp_path: str | None = None
         self._facts: dict[str, Any] = {}
@@ -404,6 +405,11 @@ class ProcessSink(Sink):
         facts = await self._call("open", size)
         self._temp_path = facts["temp_path"]
         self._facts = facts["describe"]
+        self._writes_in_flight = int(facts["writes_in_flight"])
+
+    def writes_in_flight(self) -> int:
+        """What the child's opened handle says (a file on tmpfs: one)."""
+        return self._writes_in_flight
 
     async def write_part(self, offset: int, data: memoryview) -> float | None:
         at = self.arena.locate(data) if self.arena is not None else None

@@ -61,6 +61,11 @@ class Sink(ABC):
     #: whether writes can bypass the page cache (O_DIRECT)
     supports_direct_io: ClassVar[bool] = False
 
+    def writes_in_flight(self) -> int:
+        """After ``open``: writes to keep in flight when the caller does not say. The class's
+        ``default_in_flight`` unless the opened object knows better (a file on tmpfs)."""
+        return self.default_in_flight
+
     @classmethod  # noqa: B027 - by default there is nothing to import: not a stub
     def import_library(cls) -> None:
         """Import the client library (blocking, so a checkpointer calls it in a thread before its
