@@ -14,6 +14,7 @@ import fcntl
 import logging
 import mmap
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,8 @@ _MEMORY_FILE_SYSTEMS = {0x01021994: "tmpfs", 0x858458F6: "ramfs"}
 
 def memory_file_system(fd: int) -> str | None:
     """``"tmpfs"`` or ``"ramfs"`` when ``fd``'s file lives in memory, else None (or unknown)."""
+    if not sys.platform.startswith("linux"):  # the magic numbers and the layout are Linux's
+        return None
     buf = ctypes.create_string_buffer(256)  # struct statfs: f_type, a C long, comes first
     if _libc.fstatfs(fd, buf) != 0:
         return None
