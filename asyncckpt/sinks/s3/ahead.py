@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -42,11 +43,13 @@ class Placed:
 @dataclass(frozen=True)
 class Collected:
     """One chunk's figures: its generation and the library's calls, timed in the generating
-    thread; its CRC32C and the seconds it took, in the checksum thread."""
+    thread; its CRC32C and the seconds it took, in the checksum thread; whether all that was
+    done before its request came (the generating thread ran ahead)."""
 
     placed: Placed
     checksum: int
     checksum_s: float
+    ready_when_asked: bool = False
 
 
 class Ahead:
@@ -71,7 +74,6 @@ class Ahead:
         self._stopping = False
         self._checksums = ThreadPoolExecutor(1, thread_name_prefix="asyncckpt-crc")
         self._thread = threading.Thread(target=self._run, name="asyncckpt-generate", daemon=True)
-        self.ready_when_asked = 0  # chunks already generated when their request came
         self._thread.start()
 
     # -- the generating thread ---------------------------------------------------------
@@ -120,10 +122,10 @@ class Ahead:
         if self._layout.get(offset) != nbytes:
             raise RuntimeError(f"chunk ({offset}, {nbytes}) is not in the generated layout")
         made = self._made[offset]
-        self.ready_when_asked += made.done()
+        ready = made.done()
         collected = await made
         self._release(offset)
-        return collected
+        return dataclasses.replace(collected, ready_when_asked=ready)
 
     def _release(self, offset: int) -> None:
         with self._lock:

@@ -206,6 +206,7 @@ class AppendSink(S3SinkBase):
             await self._order.advance(nbytes)  # on failure the whole save aborts anyway
         placed = got.placed
         self.generated_bytes += nbytes
+        self.generated_ready_when_asked += got.ready_when_asked
         self.part_latency.append(placed.write_s)
         return InPlaceWrite(
             fill_s=placed.fill_s, write_s=placed.write_s, checksum=got.checksum, checksum_s=got.checksum_s
@@ -215,7 +216,6 @@ class AppendSink(S3SinkBase):
         """End the generating threads (before the stream is closed or dropped: they use it)."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            self.generated_ready_when_asked += ahead.ready_when_asked
             await ahead.stop()
 
     async def write_part(self, offset: int, data: memoryview) -> float | None:
@@ -252,8 +252,7 @@ class AppendSink(S3SinkBase):
         out["generated_in_library_bytes"] = self.generated_bytes
         if self._generator_facts is not None:  # the generator that ran here (its own thread pool)
             out["generated_in_library_by"] = self._generator_facts
-            live = self._ahead.ready_when_asked if self._ahead is not None else 0
-            out["generated_ready_when_asked"] = self.generated_ready_when_asked + live
+            out["generated_ready_when_asked"] = self.generated_ready_when_asked
         return out
 
     async def abort(self) -> None:
