@@ -3,6 +3,7 @@ the storage honestly (per-chunk bottlenecks, pure generation vs pure I/O time)."
 
 from __future__ import annotations
 
+from . import moved
 from .checkpointer import AsyncCheckpointer
 from .config import CheckpointConfig
 from .errors import (
@@ -28,10 +29,12 @@ from .errors import (
     WriterProcessError,
 )
 from .manager import CheckpointManager, ManagerStats
-from .metrics import ChunkRecord, ReadRecord
-from .results import LoadResult, RunMetadata, SaveResult
+from .results.metrics import ChunkRecord, ReadRecord
+from .results.records import LoadResult, RunMetadata, SaveResult
 from .secrets import Secret
 from .units import GiB, KiB, MiB, parse_size
+
+moved.install()  # the pre-0.2 module paths (asyncckpt.collectives, ...) keep importing
 
 __version__ = "0.1.0"
 

@@ -12,32 +12,39 @@ from types import TracebackType
 from typing import Any
 
 from . import modes, priority, steps
-from ._blocking import Offload, run_blocking
-from .commit import commit, note_publication
+from .blocking import Offload, run_blocking
 from .config import CheckpointConfig, validate_size
 from .cpu import helper_threads, run_queue
+from .engine.load import LoadsMixin
+from .engine.manifest import manifest_uri
+from .engine.monitor import LoopMonitor, now
+from .engine.pipeline import (
+    PipelineTimes,
+    ProgressFn,
+    stream,
+    stream_in_place,
+    write_preallocated,
+    write_whole,
+)
+from .engine.runinfo import run_fields
+from .engine.seal import sealer_for
 from .errors import ConfigError
-from .isolation import SharedBufferPool, WriterPolicy, resolve_policy
-from .isolation.process_sink import ProcessSink, WriterPool
-from .load_api import LoadsMixin
-from .manifest import manifest_uri
-from .metrics import ChunkRecord, label_chunks
-from .monitor import LoopMonitor, now
-from .pipeline import PipelineTimes, ProgressFn, stream, stream_in_place, write_preallocated, write_whole
+from .node.topology import thread_budget
 from .pool import BufferPool
 from .priority import CpuThreads
-from .results import RunSetup, SaveResult
-from .runinfo import run_fields
-from .seal import sealer_for
+from .results.metrics import ChunkRecord, label_chunks
+from .results.records import RunSetup, SaveResult
 from .sinks import BACKENDS, SinkOptions, import_backend, resolve_backend
 from .sinks.base import Sink
+from .sinks.commit import commit, note_publication
+from .sinks.isolation import SharedBufferPool, WriterPolicy, resolve_policy
+from .sinks.isolation.process_sink import ProcessSink, WriterPool
 from .sinks.store import Store
+from .sinks.watchdog import unwrap, watch
 from .sources import CallerData, make_source
 from .sources.base import GenSpec, Source
 from .state.api import StateMixin
 from .state.chunks import check_pipeline
-from .topology import thread_budget
-from .watchdog import unwrap, watch
 
 log = logging.getLogger("asyncckpt")
 # a save's fills and checksums "starved" (a warning) when they waited for a CPU longer than they

@@ -7,9 +7,9 @@ from typing import Any
 
 from . import env, modes
 from .errors import ConfigError
-from .isolation.policy import requested_start_method, resolve_policy
 from .priority import BACKGROUND_NICE, MAX_NICE
 from .secrets import protect_options
+from .sinks.isolation.policy import requested_start_method, resolve_policy
 from .units import GiB, MiB
 
 DATA_GEN_ENV = env.DATA_GEN
@@ -81,7 +81,7 @@ class CheckpointConfig:
     backend: str | None = None  # None: chosen from the URI scheme
     monitor_interval: float = 0.005
     backend_options: dict[str, Any] = field(default_factory=dict)
-    # writer-process isolation: "auto" isolates s3dlio only; see asyncckpt.isolation.policy
+    # writer-process isolation: "auto" isolates s3dlio only; see asyncckpt.sinks.isolation.policy
     isolation: modes.Isolation = "auto"
     # None: ASYNCCKPT_MP_START_METHOD, else MLPS_CHECKPOINT_MP_START_METHOD, else "auto"
     mp_start_method: modes.StartMethod | None = None

@@ -19,7 +19,7 @@ Variables (meaning; default when unset):
 - ``AWS_*`` (:data:`AWS_VARIABLES`): S3 endpoint, credentials, region, CA bundle; unset.
 - ``S3DLIO_*`` (:data:`S3DLIO_VARIABLES`): s3dlio's own client settings; unset.
 - launcher variables (``RANK``, ``OMPI_COMM_WORLD_*``, ``SLURM_*``, …, named in
-  :mod:`asyncckpt.launcher`): rank and world size; a single process.
+  :mod:`asyncckpt.node.launcher`): rank and world size; a single process.
 
 Writes (variables exported for a client library or a child process) go through
 :func:`export` / :func:`exported` here too; the two that cannot (a writer child restoring its
@@ -97,7 +97,7 @@ def start_method(env: Mapping[str, str] | None = None) -> tuple[modes.StartMetho
 
 @dataclass(frozen=True)
 class S3EndpointVars:
-    """The multi-endpoint variables as set ("" when unset); asyncckpt.endpoints parses them.
+    """The multi-endpoint variables as set ("" when unset); asyncckpt.sinks.s3.endpoints parses them.
 
     ``uris``: comma-separated URLs; ``template``: one URL with ``{1...4}`` ranges; ``file``: a
     path to a file listing URLs; ``aws_endpoint_url``: the single-endpoint fallback.

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from . import leftovers, modes, steps
+from . import modes, steps
 from .checkpointer import AsyncCheckpointer
-from .collectives import Collectives, get_collectives
+from .engine.monitor import now
 from .errors import ConfigError
 from .modes import StagingMode, WhenBusy
-from .monitor import now
-from .sinks import scheme_of
+from .node.collectives import Collectives, get_collectives
+from .sinks import leftovers, scheme_of
 
 log = logging.getLogger("asyncckpt")
 

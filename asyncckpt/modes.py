@@ -18,7 +18,7 @@ Generator = Literal["dgen", "numpy"]
 #: share of the node's CPUs ("mlperf": usable CPUs ÷ ranks on the node, the bench CLI's rule)
 #: or that share less one core for the rank's event loop ("leave_loop_core", the library default)
 ThreadBudgetRule = Literal["leave_loop_core", "mlperf"]
-#: writer-process isolation (``CheckpointConfig.isolation``; see asyncckpt.isolation.policy)
+#: writer-process isolation (``CheckpointConfig.isolation``; see asyncckpt.sinks.isolation.policy)
 Isolation = Literal["auto", "process", "none"]
 #: how a writer process is started (``CheckpointConfig.mp_start_method``)
 StartMethod = Literal["auto", "fork", "forkserver", "spawn"]

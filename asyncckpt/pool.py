@@ -68,7 +68,7 @@ def private_mapping(nbytes: int) -> mmap.mmap:
     offers them on request (``madvise`` mode, the usual default): 2 MiB pages mean 512 times
     fewer page faults on first touch, TLB misses in copies and checksums, and pages for
     O_DIRECT to pin per request. Memory a writer process must see is shared instead
-    (``asyncckpt.isolation``); a kernel without THP just ignores the advice."""
+    (``asyncckpt.sinks.isolation``); a kernel without THP just ignores the advice."""
     mapping = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is not None:

@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from .collectives import Collectives, get_collectives
 from .errors import ConfigError, IntegrityError, StepNotCommittedError, TargetNotFoundError
 from .modes import StagingMode
+from .node.collectives import Collectives, get_collectives
 from .owner import Owner, boot_id, host
 from .sinks import path_from_uri, scheme_of
 from .sinks.small import get_bytes, put_bytes

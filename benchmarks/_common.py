@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from asyncckpt.report import format_table
-from asyncckpt.runinfo import package_versions
+from asyncckpt.engine.runinfo import package_versions
+from asyncckpt.results.text import format_table
 
 
 def emit(name: str, rows: Sequence[dict[str, Any]], headers: Sequence[str], extra: dict[str, Any]) -> None:

@@ -46,7 +46,7 @@ from asyncckpt import AsyncCheckpointer
 from asyncckpt.config import CheckpointConfig
 from asyncckpt.errors import ConfigError
 from asyncckpt.modes import ThreadBudgetRule
-from asyncckpt.results import RunResult
+from asyncckpt.results.records import RunResult
 from asyncckpt.sinks import backend_class
 from asyncckpt.units import parse_size
 

@@ -13,9 +13,9 @@ import time
 from _common import emit
 
 from asyncckpt import parse_size
+from asyncckpt.node.topology import thread_budget
 from asyncckpt.pool import buffer_address
 from asyncckpt.sources import DgenSource, NumpySource, pool_threads
-from asyncckpt.topology import thread_budget
 
 
 def rate(size: int, chunk: int, fill: object) -> float:

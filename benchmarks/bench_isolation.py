@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncckpt import AsyncCheckpointer, SaveResult, parse_size
-from asyncckpt.report import format_table, gbps, ms
+from asyncckpt.results.text import format_table, gbps, ms
 
 MODES = {"none": ("none", None), "fork": ("process", "fork"), "forkserver": ("process", "forkserver")}
 MODES["spawn"] = ("process", "spawn")

@@ -28,16 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from asyncckpt import AsyncCheckpointer
-from asyncckpt._blocking import run_blocking
+from asyncckpt.blocking import run_blocking
 from asyncckpt.checksum import crc
-from asyncckpt.manifest import Manifest, manifest_uri, read_manifest
+from asyncckpt.engine.manifest import Manifest, manifest_uri, read_manifest
+from asyncckpt.engine.verify import RegenerateVerifier
 from asyncckpt.pool import BufferPool
-from asyncckpt.report import format_table
+from asyncckpt.results.text import format_table
 from asyncckpt.sinks import SinkOptions, make_sink
 from asyncckpt.sources import make_source
 from asyncckpt.sources.base import ThreadedSource
 from asyncckpt.units import parse_size
-from asyncckpt.verify import RegenerateVerifier
 
 
 async def ceiling(uri: str, size: int, chunk: int, readers: int, backend: str | None, buffers: int) -> float:

@@ -30,8 +30,8 @@ from typing import Any
 from _common import bootstrap_ci, emit, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer, parse_size
+from asyncckpt.engine.monitor import LoopMonitor
 from asyncckpt.modes import SWITCH, Switch, ThreadBudgetRule, choices
-from asyncckpt.monitor import LoopMonitor
 
 RULES: tuple[str, ...] = choices(ThreadBudgetRule)  # ("leave_loop_core", "mlperf")
 LIBRARY_DEFAULT = "leave_loop_core"

@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from asyncckpt.bench.cli import build_parser  # noqa: E402
-from asyncckpt.report import format_table, gbps  # noqa: E402
-from asyncckpt.topology import usable_cpus  # noqa: E402
+from asyncckpt.node.topology import usable_cpus  # noqa: E402
+from asyncckpt.results.text import format_table, gbps  # noqa: E402
 
 #: saves only (builds with a load path default to save + load; null:// keeps nothing to read)
 SAVE_ONLY = ["--mode", "save"] if "mode" in {a.dest for a in build_parser()._actions} else []

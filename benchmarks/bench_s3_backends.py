@@ -60,7 +60,7 @@ from _common import emit, ratio_verdict
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.checksum import crc
 from asyncckpt.modes import ThreadBudgetRule
-from asyncckpt.report import format_table
+from asyncckpt.results.text import format_table
 from asyncckpt.sinks.s3 import S3_BACKENDS, installed, sink_class
 from asyncckpt.units import parse_size
 

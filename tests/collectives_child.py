@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from asyncckpt.collectives import get_collectives
-from asyncckpt.monitor import LoopMonitor
+from asyncckpt.engine.monitor import LoopMonitor
+from asyncckpt.node.collectives import get_collectives
 
 LATE_S = 0.5  # how late rank 1 arrives: long against the 10 ms ticks counted below
 

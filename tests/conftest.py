@@ -15,7 +15,7 @@ from pathlib import Path
 import dgen_py
 import pytest
 
-from asyncckpt.seal import unseal
+from asyncckpt.engine.seal import unseal
 
 from .loop_guard import guarded
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import jsonschema
 
-from asyncckpt.schema import SCHEMA_VERSION, load_schema
+from asyncckpt.results.schema import SCHEMA_VERSION, load_schema
 
 
 def assert_valid(doc: dict[str, Any]) -> None:

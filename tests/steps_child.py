@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from asyncckpt import AsyncCheckpointer
-from asyncckpt.collectives import get_collectives
+from asyncckpt.node.collectives import get_collectives
 from asyncckpt.steps import save_step, start_step
 
 

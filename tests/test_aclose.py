@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from asyncckpt import AsyncCheckpointer
-from asyncckpt._blocking import Offload
+from asyncckpt.blocking import Offload
 from asyncckpt.pool import BufferPool
 from asyncckpt.sinks.base import SinkOptions
 from asyncckpt.sinks.file import FileSink

@@ -17,7 +17,7 @@ import pytest
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.bench.cli import main
-from asyncckpt.seal import unseal
+from asyncckpt.engine.seal import unseal
 
 from .conftest import run_bench, to_legacy
 from .test_dlio_run import write_config

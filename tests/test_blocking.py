@@ -9,7 +9,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 
 import pytest
 
-from asyncckpt._blocking import Offload, run_blocking
+from asyncckpt.blocking import Offload, run_blocking
 
 
 @pytest.fixture(params=["offload", "dedicated"])

@@ -1,4 +1,4 @@
-"""asyncckpt.collectives over real transports: mpirun + mpi4py, torchrun + gloo, and a world of one."""
+"""asyncckpt.node.collectives over real transports: mpirun + mpi4py, torchrun + gloo, and a world of one."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from asyncckpt import ConfigError
-from asyncckpt.collectives import get_collectives
+from asyncckpt.node.collectives import get_collectives
 
 from .launch import mpirun, torchrun
 

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncckpt.compare import NO_DIFFERENCE, bootstrap_ci, judge, mann_whitney_p, min_p
-from asyncckpt.schema import SCHEMA_VERSION
+from asyncckpt.bench.compare import NO_DIFFERENCE, bootstrap_ci, judge, mann_whitney_p, min_p
+from asyncckpt.results.schema import SCHEMA_VERSION
 
 from .result_schema import assert_valid
 

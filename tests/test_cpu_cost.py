@@ -11,8 +11,8 @@ import pytest
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.cpu import CpuTally, helper_cpu, thread_cpu_call
-from asyncckpt.report import format_result
-from asyncckpt.results import LoadResult, RunResult, SaveResult, result_from_dict
+from asyncckpt.results.records import LoadResult, RunResult, SaveResult, result_from_dict
+from asyncckpt.results.text import format_result
 from asyncckpt.units import MiB
 
 CHUNK = 1 * MiB
@@ -99,8 +99,8 @@ async def test_regenerate_verify_counts_the_generator_pool(tmp_path: Path) -> No
 
 def test_older_results_read_with_cpu_unknown() -> None:
     """A 2.1 document has no CPU fields: they read as unknown, never as zero cost."""
-    from asyncckpt.metrics import Percentiles
-    from asyncckpt.results import RunMetadata
+    from asyncckpt.results.metrics import Percentiles
+    from asyncckpt.results.records import RunMetadata
 
     meta = RunMetadata(
         backend="null", uri="null://x", chunk_size=1, num_buffers=1, pool_bytes=1, max_in_flight=1,
@@ -141,9 +141,9 @@ def test_thread_clock_counts_only_the_calling_thread() -> None:
 
 async def test_summaries_carry_the_cost() -> None:
     """The CLI's per-phase summary and a multi-rank report's per-rank entries show it too."""
-    from asyncckpt.aggregate import aggregate_checkpoint
+    from asyncckpt.bench.aggregate import aggregate_checkpoint
     from asyncckpt.bench.runner import _stats
-    from asyncckpt.report import format_phases
+    from asyncckpt.results.text import format_phases
 
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=7) as ckpt:
         results = [await ckpt.save("null://sum", 4 * CHUNK) for _ in range(2)]

@@ -18,8 +18,8 @@ from collections.abc import Callable
 import pytest
 
 from asyncckpt import AsyncCheckpointer, ChecksumMismatchError, ManifestMissingError
-from asyncckpt.leftovers import find, remove
 from asyncckpt.servers.s3endpoint import S3Endpoint
+from asyncckpt.sinks.leftovers import find, remove
 from asyncckpt.units import MiB
 
 from .cancel_points import cancel_everywhere

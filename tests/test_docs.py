@@ -6,8 +6,9 @@ import inspect
 import re
 from pathlib import Path
 
-from asyncckpt import collectives, errors
+from asyncckpt import errors
 from asyncckpt.bench.clidoc import cli_reference
+from asyncckpt.node import collectives
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from asyncckpt.endpoints import (
+from asyncckpt.errors import ConfigError
+from asyncckpt.sinks.s3.endpoints import (
     EndpointRouter,
     endpoints_from_env,
     expand_template,
@@ -22,7 +23,6 @@ from asyncckpt.endpoints import (
     rank_endpoint,
     validate_endpoint,
 )
-from asyncckpt.errors import ConfigError
 
 MiB = 1 << 20
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncckpt.isolation import SharedBufferPool
 from asyncckpt.pool import BufferPool, buffer_address
+from asyncckpt.sinks.isolation import SharedBufferPool
 from asyncckpt.state.staging import StagingArea
 
 pytestmark = pytest.mark.skipif(

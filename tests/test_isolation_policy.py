@@ -10,8 +10,8 @@ import pytest
 
 from asyncckpt import AsyncCheckpointer, CheckpointConfig, ConfigError
 from asyncckpt.bench.cli import build_parser, plan_from_args
-from asyncckpt.isolation import policy
-from asyncckpt.isolation.policy import resolve_policy
+from asyncckpt.sinks.isolation import policy
+from asyncckpt.sinks.isolation.policy import resolve_policy
 
 NO_ENV: dict[str, str] = {}
 
@@ -159,7 +159,7 @@ def test_bench_cli_passes_isolation_through() -> None:
 def test_forkserver_preload_is_appended_once() -> None:
     from multiprocessing import forkserver
 
-    from asyncckpt.isolation._proc import CHILD_MODULE, preload_in_forkserver
+    from asyncckpt.sinks.isolation.proc import CHILD_MODULE, preload_in_forkserver
 
     server = forkserver._forkserver  # type: ignore[attr-defined]
     saved = list(server._preload_modules)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncckpt import launcher, topology
-from asyncckpt.distributed import get_comm, rank_info_from_env
 from asyncckpt.errors import ConfigError
+from asyncckpt.node import launcher, topology
+from asyncckpt.node.distributed import get_comm, rank_info_from_env
 
 from .result_schema import assert_valid
 

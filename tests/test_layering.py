@@ -20,7 +20,7 @@ def core_modules() -> list[str]:
 
 def test_core_modules_import_neither_the_cli_nor_the_servers() -> None:
     modules = core_modules()
-    assert {"asyncckpt.checkpointer", "asyncckpt.pipeline", "asyncckpt.sinks.file"} <= set(modules)
+    assert {"asyncckpt.checkpointer", "asyncckpt.engine.pipeline", "asyncckpt.sinks.file"} <= set(modules)
     probe = (
         "import importlib, json, sys\n"
         f"for name in {modules!r}:\n"

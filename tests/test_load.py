@@ -12,9 +12,9 @@ import pytest
 
 from asyncckpt import AsyncCheckpointer, ConfigError
 from asyncckpt.checksum import crc
+from asyncckpt.engine.manifest import manifest_uri
+from asyncckpt.engine.seal import unseal
 from asyncckpt.errors import TruncatedError
-from asyncckpt.manifest import manifest_uri
-from asyncckpt.seal import unseal
 from asyncckpt.sinks import MEMORY_STORE
 from asyncckpt.units import KiB, MiB
 

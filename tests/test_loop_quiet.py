@@ -26,7 +26,7 @@ import pytest
 
 from asyncckpt import AsyncCheckpointer, ConfigError
 from asyncckpt.cpu import run_queue
-from asyncckpt.monitor import current_rss
+from asyncckpt.engine.monitor import current_rss
 from asyncckpt.priority import is_idle_class, nice_of
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from asyncckpt._blocking import run_blocking
+from asyncckpt.blocking import run_blocking
 from asyncckpt.checkpointer import AsyncCheckpointer
 from asyncckpt.config import CheckpointConfig
 from asyncckpt.integrations.loop_thread import CheckpointerThread

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from asyncckpt import AsyncCheckpointer, AsyncCkptError, ConfigError
 from asyncckpt.config import CheckpointConfig
+from asyncckpt.engine.manifest import Manifest
 from asyncckpt.errors import ChecksumMismatchError, IntegrityError, ManifestError
-from asyncckpt.manifest import Manifest
 from asyncckpt.units import GiB, MiB
 
 from .conftest import to_legacy

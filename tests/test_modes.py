@@ -10,8 +10,8 @@ from asyncckpt import modes
 from asyncckpt.bench.cli import build_parser
 from asyncckpt.bench.load_args import VERIFY_CHOICES
 from asyncckpt.config import CheckpointConfig
-from asyncckpt.endpoints import EndpointRouter
 from asyncckpt.errors import ConfigError
+from asyncckpt.sinks.s3.endpoints import EndpointRouter
 
 CLI_MODES = {
     "generator": modes.Generator,

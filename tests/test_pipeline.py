@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from asyncckpt import AsyncCheckpointer, StorageError
-from asyncckpt._blocking import run_blocking
-from asyncckpt.metrics import GENERATION, IO
+from asyncckpt.blocking import run_blocking
+from asyncckpt.results.metrics import GENERATION, IO
 from asyncckpt.sinks import BACKENDS, SCHEMES, register_backend
 from asyncckpt.sinks.memory import MemorySink
 from asyncckpt.units import MiB

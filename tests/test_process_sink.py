@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from asyncckpt import AsyncCheckpointer, DirectIOError, WriterProcessError
-from asyncckpt.isolation import ProcessSink, resolve_policy
-from asyncckpt.isolation.shm import KIND_ENV, PREFIX, SharedArena, SharedBufferPool, shm_dir
-from asyncckpt.report import format_result
+from asyncckpt.results.text import format_result
 from asyncckpt.sinks import SinkOptions
+from asyncckpt.sinks.isolation import ProcessSink, resolve_policy
+from asyncckpt.sinks.isolation.shm import KIND_ENV, PREFIX, SharedArena, SharedBufferPool, shm_dir
 from asyncckpt.units import MiB
 
 from .conftest import checkpoint_data, expected_bytes, files_in, generated

@@ -14,12 +14,12 @@ import jsonschema
 import pytest
 
 from asyncckpt import AsyncCheckpointer, LoadResult, ReadRecord, SaveResult
-from asyncckpt.aggregate import aggregate_checkpoint
+from asyncckpt.bench.aggregate import aggregate_checkpoint
 from asyncckpt.bench.outputs import render_text
 from asyncckpt.bench.resultfiles import load_result, to_csv
-from asyncckpt.metrics import busy_time
-from asyncckpt.results import result_from_dict
-from asyncckpt.schema import SCHEMA_VERSION, load_schema
+from asyncckpt.results.metrics import busy_time
+from asyncckpt.results.records import result_from_dict
+from asyncckpt.results.schema import SCHEMA_VERSION, load_schema
 from asyncckpt.units import KiB
 
 from .conftest import run_bench

@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from asyncckpt.schema import SCHEMA_VERSION, load_schema
+from asyncckpt.results.schema import SCHEMA_VERSION, load_schema
 from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .conftest import run_bench

@@ -18,8 +18,8 @@ from botocore.config import Config
 
 from asyncckpt import AsyncCheckpointer, ConfigError
 from asyncckpt.bench.cli import build_parser, plan_from_args
-from asyncckpt.report import format_result
-from asyncckpt.seal import tail_read_size
+from asyncckpt.engine.seal import tail_read_size
+from asyncckpt.results.text import format_result
 from asyncckpt.sinks.s3 import installed
 
 from .conftest import checkpoint_data, generated

@@ -13,9 +13,9 @@ import asyncio
 import pytest
 
 from asyncckpt import AsyncCheckpointer
-from asyncckpt.isolation import resolve_policy
 from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.sinks import resolve_backend
+from asyncckpt.sinks.isolation import resolve_policy
 from asyncckpt.sinks.s3 import installed
 
 from .relay import counting

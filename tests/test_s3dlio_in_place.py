@@ -15,8 +15,8 @@ import threading
 import pytest
 
 from asyncckpt import AsyncCheckpointer
+from asyncckpt.node.topology import thread_budget
 from asyncckpt.servers.s3endpoint import S3Endpoint
-from asyncckpt.topology import thread_budget
 
 from .conftest import checkpoint_data, expected_bytes
 from .s3_harness import CHUNK, in_child, new_bucket, run_child_suite, s3_call

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from asyncckpt import topology
-from asyncckpt.aggregate import CHECKPOINT_KEYS, aggregate_checkpoint, summarize
+from asyncckpt.bench.aggregate import CHECKPOINT_KEYS, aggregate_checkpoint, summarize
 from asyncckpt.bench.cli import build_parser
 from asyncckpt.bench.dlio import load_workload, parse_workload
 from asyncckpt.bench.mpi_runner import shard_uri
 from asyncckpt.bench.presets import PRESETS, get_preset
 from asyncckpt.bench.scaleout import parse_with_presets
-from asyncckpt.distributed import Comm, get_comm, launched_by_mpi, rank_info_from_env
 from asyncckpt.errors import ConfigError
+from asyncckpt.node import topology
+from asyncckpt.node.distributed import Comm, get_comm, launched_by_mpi, rank_info_from_env
 
 
 def rank_result(size: int, wall: float, counts: dict[str, int]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from asyncckpt import AsyncCheckpointer, AsyncCkptError, CheckpointManager, ConfigError
-from asyncckpt.monitor import current_rss
+from asyncckpt.engine.monitor import current_rss
 from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.state.api import plan
 

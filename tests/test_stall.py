@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from asyncckpt import AsyncCheckpointer, CheckpointConfig, ConfigError, StallError
-from asyncckpt._blocking import run_blocking
+from asyncckpt.blocking import run_blocking
 from asyncckpt.sinks import BACKENDS, SCHEMES, register_backend
 from asyncckpt.sinks.memory import MemorySink
 from asyncckpt.units import MiB
@@ -148,6 +148,6 @@ def test_stall_timeout_is_validated(bad: object) -> None:
 
 def test_defaults_fail_a_stalled_save_within_30_s() -> None:
     """The documented bound: stall_timeout, then half of it for the abort and close."""
-    from asyncckpt.watchdog import CLEANUP_SHARE
+    from asyncckpt.sinks.watchdog import CLEANUP_SHARE
 
     assert CheckpointConfig().stall_timeout * (1 + CLEANUP_SHARE) <= 30.0

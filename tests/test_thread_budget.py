@@ -14,12 +14,13 @@ from typing import TypeVar
 
 import pytest
 
-from asyncckpt import AsyncCheckpointer, CheckpointConfig, ConfigError, pipeline
+from asyncckpt import AsyncCheckpointer, CheckpointConfig, ConfigError
 from asyncckpt.bench.cli import build_parser, plan_from_args
+from asyncckpt.engine import pipeline
 from asyncckpt.modes import ThreadBudgetRule, choices
-from asyncckpt.results import SaveResult
+from asyncckpt.node.topology import local_ranks, thread_budget, usable_cpus
+from asyncckpt.results.records import SaveResult
 from asyncckpt.sources.dgen import DgenSource
-from asyncckpt.topology import local_ranks, thread_budget, usable_cpus
 
 from .conftest import ROOT
 from .result_schema import assert_valid
@@ -128,7 +129,7 @@ def test_cli_run_records_the_mlperf_rule(tmp_path: Path) -> None:
 async def test_result_building_reads_package_metadata_once() -> None:
     """Every save builds its result on the loop thread; reading the installed distributions'
     metadata there cost ≈ 5 ms of CPU per save (a stall a training loop would feel)."""
-    from asyncckpt import runinfo
+    from asyncckpt.engine import runinfo
 
     await _save()
     before = runinfo._package_versions.cache_info()

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from asyncckpt.node.topology import thread_budget, world
 from asyncckpt.pool import PAGE, BufferPool, buffer_address
-from asyncckpt.topology import thread_budget, world
 
 
 def test_budget_divides_by_ranks_on_this_node_not_world_size() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ..leftovers import find, remove
-from ..report import format_table
+from ..results.text import format_table
+from ..sinks.leftovers import find, remove
 from ..units import parse_duration
 from .parsing import Parser
 

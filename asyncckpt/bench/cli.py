@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import modes
-from ..collectives import job_comm
 from ..config import CheckpointConfig
 from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
 from ..modes import choices
-from ..topology import world
+from ..node.collectives import job_comm
+from ..node.topology import world
 from ..units import parse_size
 from .grammar import RESERVED, check_target, split_command
 from .load_args import add_load_arguments, load_plan_from_args
@@ -233,7 +233,7 @@ def run_with_loop(kind: str, factory: Callable[[], Coroutine[Any, Any, Any]]) ->
 
 def compare_backends(plan: BenchPlan, loop: str) -> BenchReport:
     """Every installed S3 backend on the same target, size and settings; one table."""
-    from ..report import format_backend_comparison
+    from ..results.text import format_backend_comparison
     from ..sinks.s3 import installed_backends
 
     if plan.target is None or not plan.target.startswith("s3://"):

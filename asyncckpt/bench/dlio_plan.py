@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..errors import ConfigError
-from ..report import format_table
+from ..results.text import format_table
 from .dlio_layout import (
     DLIO_COMMIT,
     DLIO_GB,

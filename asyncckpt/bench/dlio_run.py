@@ -29,15 +29,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..aggregate import aggregate_checkpoint, summarize
 from ..checkpointer import AsyncCheckpointer
-from ..distributed import Comm
+from ..engine.monitor import now
 from ..errors import ConfigError, MissingDependencyError, StepNotCommittedError, TargetNotFoundError
-from ..monitor import now
-from ..report import RULE, format_table, gbps
-from ..results import Result
+from ..node.distributed import Comm
+from ..results.records import Result
+from ..results.text import RULE, format_table, gbps
 from ..sinks import path_from_uri, scheme_of
 from ..steps import COMMIT, get_record
+from .aggregate import aggregate_checkpoint, summarize
 from .dlio_layout import DLIO_GB, CheckpointPlan, PlannedObject, RankPlan, scaled, step_directory
 from .dlio_plan import format_plan, make_plan, plan_ranks, subset_note
 from .guard import Writes

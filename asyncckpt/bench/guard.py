@@ -14,7 +14,7 @@ from typing import Any
 from .. import steps
 from ..checkpointer import AsyncCheckpointer
 from ..errors import IntegrityError, TargetExistsError
-from ..results import SaveResult
+from ..results.records import SaveResult
 
 WRITTEN_BY = "asyncckpt"  # marks the bench's records, so a re-run may replace them
 

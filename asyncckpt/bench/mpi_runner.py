@@ -1,6 +1,6 @@
 """The benchmark under ``mpirun`` or ``torchrun``: one shard per rank, synchronised phases,
 rank-0 report. The :class:`Comm` is MPI's or torch.distributed's (gloo), chosen by
-:func:`asyncckpt.collectives.job_comm`; the protocol below is the same for both engines.
+:func:`asyncckpt.node.collectives.job_comm`; the protocol below is the same for both engines.
 
 Per checkpoint every rank does: barrier, start, save, barrier, stop, then all outcomes (ok +
 result, or the error) are gathered on rank 0, which decides for everyone (broadcast) whether
@@ -25,16 +25,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..aggregate import aggregate_checkpoint, summarize
 from ..checkpointer import AsyncCheckpointer
-from ..distributed import Comm
-from ..endpoints import rank_endpoint
+from ..engine.monitor import now
 from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
-from ..monitor import now
-from ..report import format_distributed
-from ..results import LoadResult, Result, SaveResult
-from ..schema import SCHEMA_VERSION
+from ..node.distributed import Comm
+from ..results.records import LoadResult, Result, SaveResult
+from ..results.schema import SCHEMA_VERSION
+from ..results.text import format_distributed
 from ..sinks import path_from_uri, scheme_of
+from ..sinks.s3.endpoints import rank_endpoint
+from .aggregate import aggregate_checkpoint, summarize
 from .guard import Writes
 from .progress import Bar, progress_bar
 from .runner import BenchPlan

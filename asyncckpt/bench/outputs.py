@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, MissingDependencyError
-from ..report import (
+from ..results.records import result_from_dict
+from ..results.text import (
     format_backend_comparison,
     format_comparison,
     format_distributed,
     format_phases,
     format_summary,
 )
-from ..results import result_from_dict
 from .resultfiles import check_output_path, to_csv, write_json, write_text
 
 
@@ -94,14 +94,14 @@ def write_outputs(doc: Mapping[str, Any], text: str, args: argparse.Namespace) -
         write_text(args.csv, to_csv(doc))
         written.append(f"per-chunk CSV: {args.csv}")
     if args.plots is not None or args.report is not None:
-        from .. import plots
+        from . import plots
 
         pngs = plots.render(doc)
         if args.plots is not None:
             paths = plots.write_pngs(pngs, args.plots)
             written.append(f"{len(paths)} plot(s) in {args.plots}")
         if args.report is not None:
-            from ..htmlreport import render_html
+            from .htmlreport import render_html
 
             write_text(args.report, render_html(doc, text, pngs, plots.not_plotted(doc)))
             written.append(f"HTML report: {args.report}")

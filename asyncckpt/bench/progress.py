@@ -25,7 +25,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from ..metrics import CONSUMER, GENERATION, IO, ChunkRecord, ReadRecord
+from ..results.metrics import CONSUMER, GENERATION, IO, ChunkRecord, ReadRecord
 
 WINDOW = 8
 

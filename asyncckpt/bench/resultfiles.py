@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, TargetNotFoundError
-from ..schema import check_version, upgrade
+from ..results.schema import check_version, upgrade
 
 #: columns of ``--csv``: one row per chunk; times in seconds, ``t_*`` relative to the
 #: first chunk of that result (perf_counter stamps mean nothing across processes); a save's

@@ -7,12 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .._blocking import run_blocking
+from ..blocking import run_blocking
 from ..checkpointer import AsyncCheckpointer
 from ..config import CheckpointConfig
-from ..report import format_comparison, format_phases, format_summary
-from ..results import LoadResult, Result
-from ..schema import SCHEMA_VERSION
+from ..results.records import LoadResult, Result
+from ..results.schema import SCHEMA_VERSION
+from ..results.text import format_comparison, format_phases, format_summary
 from .guard import Writes
 from .load_args import drop_caches
 from .progress import progress_bar

@@ -7,10 +7,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..compare import ALPHA, compare_docs
 from ..errors import ConfigError, MissingDependencyError, TargetNotFoundError
-from ..report import format_table
+from ..results.text import format_table
 from .cleanup import cleanup_main
+from .compare import ALPHA, compare_docs
 from .grammar import Command, Override, not_yet
 from .outputs import add_output_arguments, check_outputs, render_text, write_outputs
 from .parsing import Parser

@@ -75,7 +75,7 @@ class Sink(ABC):
     def __init__(
         self, uri: str, *, executor: Executor, options: SinkOptions, store: Store | None = None
     ) -> None:
-        self.committed = False  # set once complete() published the object (asyncckpt.commit)
+        self.committed = False  # set once complete() published the object (asyncckpt.sinks.commit)
         #: CPU seconds of this handle's storage calls, measured in their threads; ``None`` for
         #: sinks that do not measure it (their storage work is not reported as a stage)
         self.storage_cpu: CpuTally | None = None

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from .._blocking import run_blocking
+from ..blocking import run_blocking
 from ..cpu import CpuTally, thread_cpu_call
 from ..errors import ConfigError, DirectIOError, TargetNotFoundError, map_os_error
 from ..owner import parse_temp, temp_name

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import mmap
 
-from ..commit import commit
 from ..errors import IntegrityError
 from .base import Sink
+from .commit import commit
 
 
 async def put_bytes(sink: Sink, data: bytes) -> dict[str, object]:

@@ -8,7 +8,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-from .._blocking import run_blocking
+from ..blocking import run_blocking
 
 
 class Source(ABC):

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from concurrent.futures import Executor
 from typing import Any
 
-from .._blocking import run_blocking
+from ..blocking import run_blocking
 from ..cpu import thread_cpu_call
 from ..errors import ConfigError, IntegrityError
 from .base import Source

@@ -25,18 +25,18 @@ from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from .. import modes
-from .._blocking import Offload, run_blocking
+from ..blocking import Offload, run_blocking
 from ..config import ALIGN
+from ..engine.load import LoadsMixin, ProgressFn
+from ..engine.loader import LoadState, stream_views
+from ..engine.manifest import Manifest
+from ..engine.monitor import LoopMonitor, now
+from ..engine.verify import ChecksumVerifier
 from ..errors import ChecksumMismatchError, ConfigError, IntegrityError
-from ..isolation import SharedBufferPool
-from ..isolation.process_sink import ProcessSink
-from ..load_api import LoadsMixin, ProgressFn
-from ..loader import LoadState, stream_views
-from ..manifest import Manifest
-from ..monitor import LoopMonitor, now
-from ..results import LoadResult, SaveResult
+from ..results.records import LoadResult, SaveResult
+from ..sinks.isolation import SharedBufferPool
+from ..sinks.isolation.process_sink import ProcessSink
 from ..sources import CallerData
-from ..verify import ChecksumVerifier
 from . import chunks, dtypes
 from .arrays import Destination, SaveTensor, allocate, bind, prepare
 from .flatten import Leaf, flatten, path_text, unflatten

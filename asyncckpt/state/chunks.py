@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..checksum import combine, combine_all, crc
+from ..engine.manifest import Manifest, object_name
 from ..errors import SourceChangedError, StateFormatError
-from ..manifest import Manifest, object_name
-from ..metrics import ChunkRecord
+from ..results.metrics import ChunkRecord
 
 
 def data_chunk_count(data_start: int, size: int, chunk: int) -> int:

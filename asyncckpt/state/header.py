@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._blocking import run_blocking
+from ..blocking import run_blocking
 from ..config import ALIGN
+from ..engine.manifest import Manifest
 from ..errors import ChecksumMismatchError, StateFormatError
-from ..manifest import Manifest
 from ..sinks.base import Sink
 from . import chunks
 from .safetensors_format import (

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..modes import StagingMode as StagingMode  # re-exported: asyncckpt.state.StagingMode
 from ..modes import choices
-from ..results import LoadResult, SaveResult
+from ..results.records import LoadResult, SaveResult
 
 STAGING_MODES = choices(StagingMode)
 

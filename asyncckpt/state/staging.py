@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .._blocking import run_blocking
-from ..pipeline import unwrap_group
+from ..blocking import run_blocking
+from ..engine.pipeline import unwrap_group
 from ..pool import PAGE, close_mapping, private_mapping
 from .arrays import SaveTensor
 

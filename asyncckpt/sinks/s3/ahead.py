@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..._blocking import run_blocking
+from ...blocking import run_blocking
 from ...checksum import timed_crc
 
 #: generated chunks not yet collected by a request: one being collected, one just committed,

@@ -6,7 +6,7 @@ once its part is stored, so the pool may reuse the buffer) → complete; abort o
 cancellation. botocore's first client loads large JSON models; that happens once per
 process in a worker thread, so the event loop never stalls on it.
 
-Several endpoints (front ends of one store, see ``asyncckpt.endpoints``): one client per
+Several endpoints (front ends of one store, see ``asyncckpt.sinks.s3.endpoints``): one client per
 endpoint, made when the endpoint is first used; each ``upload_part`` and each range GET goes through
 the :class:`EndpointRouter` (strategy, failover to another endpoint, per-endpoint statistics);
 create/complete/abort/HEAD/DELETE go to one endpoint, the next one when it is unreachable.
@@ -37,11 +37,11 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from ..._blocking import run_blocking
-from ...endpoints import is_failover_error
+from ...blocking import run_blocking
 from ...errors import MissingDependencyError
 from .common import ErrorFields, log
 from .core import MultipartSink
+from .endpoints import is_failover_error
 from .log_guard import guard_botocore_logs
 
 if TYPE_CHECKING:
@@ -313,7 +313,7 @@ class AiobotocoreSink(MultipartSink):
     async def _delete(self) -> None:
         await self._control("delete_object")
 
-    # -- leftovers (asyncckpt.leftovers) -----------------------------------------------------
+    # -- leftovers (asyncckpt.sinks.leftovers) -----------------------------------------------------
     async def _list(self, prefix: str) -> list[str]:
         client = await self._s3(self.settings.endpoint_url)
         args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}

@@ -21,12 +21,12 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar
 
 from ... import env
-from ..._blocking import run_blocking
-from ...endpoints import EndpointRouter
+from ...blocking import run_blocking
 from ...errors import ConfigError, StorageError, StoragePermissionError, TargetNotFoundError
-from ...metrics import percentiles
+from ...results.metrics import percentiles
 from ..base import Sink
 from .config import S3Settings, parse_s3_uri, plan_parts
+from .endpoints import EndpointRouter
 
 log = logging.getLogger("asyncckpt")
 T = TypeVar("T")
@@ -152,7 +152,7 @@ class S3SinkBase(Sink):
         (raised here, before any I/O) rather than a silent downgrade; left at its default, the
         strategy becomes ``rank`` and describe() says why.
         """
-        from ...distributed import rank_info_from_env
+        from ...node.distributed import rank_info_from_env
 
         s, rank = self.settings, rank_info_from_env().rank
         if self.per_request_endpoints:

@@ -261,7 +261,7 @@ def _resolve_endpoints(
 ) -> None:
     """Multi-endpoint list and strategy: option ``endpoints`` > an explicit ``endpoint_url``
     option (one endpoint) > S3_ENDPOINT_URIS / _TEMPLATE / _FILE > AWS_ENDPOINT_URL(_S3)."""
-    from ...endpoints import STRATEGIES, endpoints_from_env, strategy_from_env
+    from .endpoints import STRATEGIES, endpoints_from_env, strategy_from_env
 
     raw = options.get("endpoints")
     if isinstance(raw, str):

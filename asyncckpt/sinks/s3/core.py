@@ -20,7 +20,7 @@ import time
 from abc import abstractmethod
 from typing import Any, ClassVar
 
-from ..._blocking import run_blocking
+from ...blocking import run_blocking
 from ...errors import StorageError
 from ...sources.base import GenSpec, ThreadedSource
 from ..base import InPlaceWrite

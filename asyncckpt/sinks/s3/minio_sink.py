@@ -15,7 +15,7 @@ import io
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
-from ..._blocking import run_blocking
+from ...blocking import run_blocking
 from ...errors import MissingDependencyError
 from .common import ErrorFields
 from .core import MultipartSink

@@ -22,7 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..._blocking import run_blocking
+from ...blocking import run_blocking
 from ...errors import MissingDependencyError
 from .common import ErrorFields, log
 from .core import AppendSink

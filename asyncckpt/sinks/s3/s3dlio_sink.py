@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from ... import env
-from ..._blocking import run_blocking
+from ...blocking import run_blocking
 from ...errors import ConfigError, MissingDependencyError, StorageError
 from ...sources.base import ThreadedSource
 from .common import ErrorFields, export_to_environment, fields_from_text, log, storage_error

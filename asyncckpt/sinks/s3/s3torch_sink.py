@@ -15,7 +15,7 @@ import asyncio
 import time
 from typing import Any
 
-from ..._blocking import run_blocking
+from ...blocking import run_blocking
 from ...errors import AsyncCkptError, MissingDependencyError
 from .common import ErrorFields, export_to_environment, fields_from_text, log
 from .core import AppendSink

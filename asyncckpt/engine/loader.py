@@ -1,0 +1,305 @@
+"""The load path: manifest first, then ``num_readers`` concurrent range reads into pooled buffers.
+
+Reads are issued in object order as buffers come free (the pool bounds memory and, with
+``num_readers``, the reads in flight) and handed on in order, so verification and the caller
+see one contiguous stream and an ``into=`` copy or a restore needs no reordering. Each read
+is timed around the storage call; verification is timed inside its worker thread; the
+caller's time with a view is measured between items. None of them hides in another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..blocking import run_blocking
+from ..errors import ChecksumMismatchError, ConfigError, ManifestError, TargetNotFoundError, TruncatedError
+from ..modes import VerifyMode
+from ..pool import BufferPool, PoolBuffer, close_mapping
+from ..results.metrics import CONSUMER, IO, ReadRecord, notify_progress
+from ..results.records import LoadResult
+from ..sinks.base import Sink
+from .manifest import Manifest, object_name
+from .monitor import now
+from .verify import SYNTHETIC, Mismatch, RegenerateVerifier, Verifier
+
+VERIFY_MODES: dict[object, VerifyMode] = {
+    True: "checksum",
+    "checksum": "checksum",
+    "regenerate": "regenerate",
+    False: "none",
+}
+
+
+def verify_mode(verify: object) -> VerifyMode:
+    """``True``/"checksum", "regenerate" or ``False`` → the mode name (ConfigError otherwise)."""
+    try:
+        return VERIFY_MODES[verify]
+    except (KeyError, TypeError):
+        raise ConfigError(f"verify must be True, False, 'checksum' or 'regenerate', got {verify!r}") from None
+
+
+@dataclass
+class LoadState:
+    """What a load learned, filled in as it goes (the checkpointer builds the result from it)."""
+
+    uri: str = ""
+    backend: str = ""
+    manifest: Manifest | None = None
+    size: int = 0
+    open_s: float = 0.0
+    records: list[ReadRecord] = field(default_factory=list)
+    verify_mode: VerifyMode = "none"
+    regen_s: float = 0.0
+    identity_note: str = ""
+    sink_facts: dict[str, Any] = field(default_factory=dict)
+    result: LoadResult | None = None  # once the last view was consumed
+
+
+def identity_note(manifest: Manifest, facts: dict[str, Any], uri: str) -> str:
+    """A sentence for error messages when the object is not the version the save published.
+
+    Only fields known on both sides are compared: a backend whose save or HEAD learns no ETag
+    (``None``) proves nothing either way. ETags compare without their optional quotes (S3
+    sends ``"…"``, minio strips them), so a save and a load through different libraries agree.
+    """
+    saved, found = _flat(manifest.identity()), _flat({k: facts[k] for k in manifest.identity() if k in facts})
+    notes = []
+    changed = [
+        f"{k} {saved[k]} → {found[k]}"
+        for k in found
+        if saved.get(k) is not None and found[k] is not None and _norm(k, found[k]) != _norm(k, saved[k])
+    ]
+    if changed:
+        notes.append(f"the object changed after the save ({', '.join(changed)})")
+    if manifest.object != object_name(uri):
+        notes.append(f"the manifest names object {manifest.object!r}, not {object_name(uri)!r}")
+    return "; ".join(notes)
+
+
+def _norm(key: str, value: Any) -> Any:
+    return value.strip('"') if key == "etag" and isinstance(value, str) else value
+
+
+def _flat(identity: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in identity.items():
+        if isinstance(value, dict):
+            out.update(value)
+        else:
+            out[key] = value
+    return out
+
+
+def check_size(manifest: Manifest, size: int, uri: str, note: str) -> None:
+    """Sizes must agree before any data is read; each disagreement has its own error."""
+    suffix = f" ({note})" if note else ""
+    if size < manifest.size:
+        chunk = size // manifest.chunk_size
+        raise TruncatedError(
+            f"checkpoint {uri!r} is truncated: {size} bytes, its manifest says {manifest.size}; "
+            f"first missing byte at offset {size} (chunk {chunk}){suffix}",
+            offset=size,
+        )
+    if size > manifest.size:
+        raise ManifestError(
+            f"manifest of {uri!r} describes {manifest.size} bytes but the object has {size}: the "
+            f"manifest belongs to another checkpoint or the object was replaced after the save{suffix}"
+        )
+
+
+class OrderedReader:
+    """Concurrent reads, handed out in order; every buffer is reclaimed on any exit."""
+
+    def __init__(
+        self, sink: Sink, pool: BufferPool, *, size: int, read_chunk: int, num_readers: int, uri: str
+    ) -> None:
+        self.sink, self.pool, self.size, self.read_chunk, self.uri = sink, pool, size, read_chunk, uri
+        self._slots = asyncio.Semaphore(num_readers)
+        self._queue: asyncio.Queue[tuple[PoolBuffer, ReadRecord, asyncio.Task[None]] | Exception | None]
+        self._queue = asyncio.Queue()
+        self._held: set[PoolBuffer] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.records: list[ReadRecord] = []
+        self._dispatcher = asyncio.create_task(self._dispatch(), name="asyncckpt-read-dispatch")
+
+    async def _dispatch(self) -> None:
+        try:
+            await self._issue_reads()
+        except Exception as exc:  # hand the failure to the consumer, which awaits the queue
+            self._queue.put_nowait(exc)
+            return
+        self._queue.put_nowait(None)
+
+    async def _issue_reads(self) -> None:
+        for index, offset in enumerate(range(0, self.size, self.read_chunk)):
+            t0 = now()
+            buf = await self.pool.acquire()
+            self._held.add(buf)
+            rec = ReadRecord(index, offset, min(self.read_chunk, self.size - offset), t_acquire=t0)
+            rec.wait_free_s = now() - t0
+            await self._slots.acquire()
+            task = asyncio.create_task(self._read(buf, rec), name=f"asyncckpt-read-{index}")
+            self._tasks.append(task)
+            self.records.append(rec)
+            self._queue.put_nowait((buf, rec, task))
+
+    async def _read(self, buf: PoolBuffer, rec: ReadRecord) -> None:
+        try:
+            rec.t_read_start = now()
+            got = 0
+            while got < rec.nbytes:  # a short read is retried; zero bytes means the object shrank
+                n = await self.sink.read_into(rec.offset + got, buf.view[got : rec.nbytes])
+                if n <= 0:
+                    raise TruncatedError(
+                        f"checkpoint {self.uri!r} ended at offset {rec.offset + got} while reading "
+                        f"(expected {self.size} bytes): it was truncated during the load",
+                        offset=rec.offset + got,
+                    )
+                got += n
+            rec.t_read_end = now()
+            rec.read_s = rec.t_read_end - rec.t_read_start
+        finally:
+            self._slots.release()
+
+    async def next(self) -> tuple[PoolBuffer, ReadRecord] | None:
+        """The next chunk in object order, once its read completed (None at the end)."""
+        item = await self._queue.get()
+        if item is None:
+            return None
+        if isinstance(item, Exception):
+            raise item
+        buf, rec, task = item
+        t0 = now()
+        await task
+        rec.wait_data_s = now() - t0
+        return buf, rec
+
+    def release(self, buf: PoolBuffer) -> None:
+        self._held.discard(buf)
+        self.pool.release(buf)
+
+    async def aclose(self) -> None:
+        """Stop issuing reads, wait for those in flight (threads finish), reclaim buffers."""
+        self._dispatcher.cancel()
+        for task in self._tasks:
+            task.cancel()
+        pending = [self._dispatcher, *self._tasks]
+        while True:
+            try:
+                await asyncio.gather(*pending, return_exceptions=True)
+                break
+            except asyncio.CancelledError:  # keep waiting: buffers must not be reused early
+                continue
+        self.pool.reclaim(list(self._held))
+        self._held.clear()
+
+
+async def pinpoint(
+    bad: Mismatch, manifest: Manifest, sink: Sink, executor: Executor, *, threads: int
+) -> Mismatch:
+    """For a CRC mismatch in synthetic data, re-read the chunk and regenerate to find the byte."""
+    if bad.offset is not None or manifest.generator not in SYNTHETIC or manifest.seed is None:
+        return bad
+    import mmap
+
+    start, length = manifest.chunk_span(bad.chunk)
+    scratch = mmap.mmap(-1, length)
+    view = memoryview(scratch)
+    regen = RegenerateVerifier(manifest, threads=threads)
+    try:
+        got = 0
+        while got < length:
+            n = await sink.read_into(start + got, view[got:length])
+            if n <= 0:
+                return bad
+            got += n
+        regen.position = start
+        found, _ = await run_blocking(executor, regen.check_sync, start, view[:length])
+        return found if found is not None else bad
+    finally:
+        regen.close()
+        view.release()
+        close_mapping(scratch)
+
+
+def mismatch_error(
+    bad: Mismatch, manifest: Manifest, uri: str, mode: str, note: str
+) -> ChecksumMismatchError:
+    start, length = manifest.chunk_span(bad.chunk)
+    where = (
+        f"first bad byte at offset {bad.offset}"
+        if bad.offset is not None
+        else f"somewhere in bytes {start}..{start + length - 1} (caller data: the exact byte is unknown)"
+    )
+    how = (
+        "CRC32C differs from the manifest"
+        if mode == "checksum"
+        else "bytes differ from the regenerated stream"
+    )
+    suffix = f"; {note}" if note else ""
+    return ChecksumMismatchError(
+        f"checkpoint {uri!r} is corrupt in chunk {bad.chunk} of {manifest.chunks}: {how}; {where}{suffix}",
+        chunk=bad.chunk,
+        offset=bad.offset if bad.offset is not None else start,
+    )
+
+
+async def stream_views(
+    *,
+    uri: str,
+    sink: Sink,
+    pool: BufferPool,
+    executor: Executor,
+    manifest: Manifest,
+    verifier: Verifier | None,
+    state: LoadState,
+    read_chunk: int,
+    num_readers: int,
+    threads: int,
+    progress: Callable[[int], None] | None = None,
+) -> AsyncGenerator[memoryview, None]:
+    """Yield the object's bytes in order, verified; each view is valid until the next one."""
+    if state.size == 0:
+        raise TargetNotFoundError(errno.ENOENT, f"{uri!r}: size unknown (open the load first)")
+    reader = OrderedReader(
+        sink, pool, size=state.size, read_chunk=read_chunk, num_readers=num_readers, uri=uri
+    )
+    try:
+        while (item := await reader.next()) is not None:
+            buf, rec = item
+            view = buf.view[: rec.nbytes]
+            t0 = now()
+            if verifier is not None:
+                bad, rec.verify_s, rec.verify_cpu_s = await run_blocking(
+                    executor, verifier.check_cpu_sync, rec.offset, view
+                )
+                if bad is not None:
+                    bad = await pinpoint(bad, manifest, sink, executor, threads=threads)
+                    raise mismatch_error(bad, manifest, uri, verifier.mode, state.identity_note)
+            yield view
+            rec.consume_s = now() - t0  # verification + the caller
+            with contextlib.suppress(BufferError):  # exported (e.g. to NumPy): cannot enforce
+                view.release()  # a view kept past its turn raises instead of showing new bytes
+            reader.release(buf)
+            if progress is not None:
+                notify_progress(progress, rec)
+        if verifier is not None:
+            await run_blocking(executor, verifier.finish_sync)
+    finally:
+        await reader.aclose()
+        state.records = reader.records
+
+
+def label_loads(records: list[ReadRecord], readers: int) -> dict[str, int]:
+    """I/O-bound unless the consumer (verify + caller) took longer than the reads deliver."""
+    counts = {IO: 0, CONSUMER: 0}
+    for rec in records:
+        rec.bottleneck = CONSUMER if rec.consume_s > rec.read_s / readers else IO
+        counts[rec.bottleneck] += 1
+    return counts

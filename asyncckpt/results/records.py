@@ -1,0 +1,331 @@
+"""What a save and a load return: ``SaveResult`` and ``LoadResult``, one shape seen from each side.
+
+Both carry the same run metadata and the same end-to-end figures (built by one builder,
+:func:`asyncckpt.engine.runinfo.run_fields`); each names its own work: a save generates and writes,
+a load reads and consumes (verification + the caller). Plain data only; no formatting.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, Self
+
+from ..deprecated import Renamed
+from .metrics import ChunkRecord, Percentiles, ReadRecord, busy_time, percentiles
+from .schema import SCHEMA_VERSION
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSetup:
+    """How a run was set up: the part of its metadata a save and a load each decide."""
+
+    backend: str
+    uri: str
+    chunk_size: int
+    num_buffers: int
+    pool_bytes: int
+    max_in_flight: int
+    generator: str
+    seed: int | None
+    gen_threads: int | None
+    gen_threads_requested: int | None
+    fsync: bool
+    # the niceness and scheduling class of the threads doing CPU-only work (generation,
+    # checksums: asyncckpt.priority); None in files older than 2.3, which did not record them
+    cpu_nice: int | None = None
+    cpu_idle: bool | None = None
+    # whether they ran only beside the CPU the event loop was on (cpu_pin); None before 2.4
+    cpu_pinned: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunMetadata(RunSetup):
+    """How a result was produced, so two numbers can be compared honestly."""
+
+    direct_io: bool
+    direct_io_reason: str
+    usable_cpus: int
+    local_ranks: int
+    local_ranks_source: str
+    event_loop: str
+    hostname: str
+    python: str
+    versions: dict[str, str]
+    extra: dict[str, Any] = field(default_factory=dict)
+    # what sized the generator's threads: "leave_loop_core" | "mlperf" | "override" (gen_threads
+    # given), and the threads it gave; files older than 2.2 used the MLPerf rule
+    thread_budget_rule: str = "mlperf"
+    thread_budget_threads: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult(ABC):
+    """The fields and figures every result has. Bytes, seconds, bytes/second."""
+
+    operation: ClassVar[str]
+    _percentiles: ClassVar[tuple[str, ...]]
+    _record: ClassVar[type[Any]]
+
+    method: str  # "streaming" or "preallocate" (loads stream)
+    size_bytes: int
+    wall_s: float
+    open_s: float
+    close_s: float  # saves: fsync + rename / complete-multipart; loads: closing the reader
+    close_detail: dict[str, float]
+    wait_free_s: float  # summed over chunks: waiting for a free pool buffer
+    wait_data_s: float  # summed over chunks: storage waiting for data (saves), consumer for reads (loads)
+    chunks: int
+    bottleneck_counts: dict[str, int]
+    chunk_latency_s: Percentiles
+    loop_lag_s: Percentiles
+    peak_rss_bytes: int
+    baseline_rss_bytes: int
+    metadata: RunMetadata
+    # CPU time over the timed phase (asyncckpt.cpu); None in files written before 2.2
+    cpu_s: float | None = None  # this process, all threads (user + system)
+    writer_cpu_s: float | None = None  # the writer process (isolation), None when there is none
+    cpu_scope: str = ""  # what cpu_total_s covers: "process" or "process+writer"
+    cpu_stages_s: dict[str, float] = field(default_factory=dict)  # thread CPU per measured stage
+
+    @property
+    @abstractmethod
+    def storage_s(self) -> float:
+        """Wall time with at least one storage call in flight."""
+
+    @property
+    @abstractmethod
+    def work_s(self) -> float:
+        """The other side of the pipeline: generation (saves) or the consumer (loads)."""
+
+    @property
+    def throughput_bps(self) -> float:
+        """End to end: bytes / wall time (open to published, or open to last byte consumed)."""
+        return self.size_bytes / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def io_s(self) -> float:
+        return self.storage_s + self.close_s
+
+    @property
+    def io_bps(self) -> float:
+        return _rate(self.size_bytes, self.io_s)
+
+    @property
+    def overhead_pct(self) -> float:
+        """Wall time not explained by the slower stage, as % of wall time."""
+        busy = self.work_s + self.io_s if self.method == "preallocate" else max(self.work_s, self.io_s)
+        pipeline = self.wall_s - self.open_s
+        return max(0.0, (pipeline - busy) / pipeline * 100) if pipeline > 0 else 0.0
+
+    @property
+    def cpu_total_s(self) -> float | None:
+        """CPU seconds of this process plus the writer process's (see ``cpu_scope``)."""
+        if self.cpu_s is None:
+            return None
+        return self.cpu_s + (self.writer_cpu_s or 0.0)
+
+    @property
+    def cpu_s_per_gb(self) -> float | None:
+        """CPU seconds per GB (10⁹ bytes) moved: the cost per byte, whatever the wall time."""
+        total = self.cpu_total_s
+        return total / (self.size_bytes / 1e9) if total is not None and self.size_bytes else None
+
+    @property
+    def cpu_stages_s_per_gb(self) -> dict[str, float]:
+        gb = self.size_bytes / 1e9
+        return {k: v / gb for k, v in self.cpu_stages_s.items()} if gb else {}
+
+    @property
+    def bottleneck(self) -> str:
+        """The stage that limited most chunks."""
+        return max(self.bottleneck_counts, key=lambda k: self.bottleneck_counts[k])
+
+    def derived(self) -> dict[str, Any]:
+        """Figures computed from the fields (written to JSON, recomputed when read back)."""
+        return {
+            "throughput_bps": self.throughput_bps,
+            "io_bps": _finite(self.io_bps),
+            "io_s": self.io_s,
+            "overhead_pct": self.overhead_pct,
+            "bottleneck": self.bottleneck,
+            "pool_peak_over_baseline_bytes": self.peak_rss_bytes - self.baseline_rss_bytes,
+            "cpu_total_s": self.cpu_total_s,
+            "cpu_s_per_gb": self.cpu_s_per_gb,
+            "cpu_stages_s_per_gb": self.cpu_stages_s_per_gb,
+        }
+
+    def to_dict(self, *, include_records: bool = False) -> dict[str, Any]:
+        """JSON-ready data: raw fields plus the derived rates."""
+        data = {"schema_version": SCHEMA_VERSION, "operation": self.operation, **asdict(self)}
+        records = data.pop("records")
+        for key in self._percentiles:
+            data[key] = getattr(self, key)._asdict()
+        data.update(self.derived())
+        if include_records:
+            data["records"] = records
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """Rebuild a result from :meth:`to_dict` output (derived figures are recomputed)."""
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in data.items() if k in names}
+        for key in cls._percentiles:
+            kw[key] = Percentiles(**data[key])
+        kw["metadata"] = RunMetadata(**data["metadata"])
+        kw["records"] = tuple(cls._record(**r) for r in data.get("records") or ())
+        return cls(**kw)
+
+    def __str__(self) -> str:
+        from .text import format_result  # formatting lives only in the report module
+
+        return format_result(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SaveResult(RunResult):
+    """One save: generation on one side of the pool, writes on the other."""
+
+    operation: ClassVar[str] = "save"
+    _percentiles = ("chunk_latency_s", "write_latency_s", "loop_lag_s")
+    _record = ChunkRecord
+
+    gen_s: float  # sum of pure fill times
+    write_s: float  # wall time with at least one write in flight
+    write_latency_s: Percentiles
+    checksum_s: float = 0.0  # sum of pure CRC32C times (producer, before release)
+    records: tuple[ChunkRecord, ...] = ()
+
+    @classmethod
+    def from_records(cls, records: Sequence[ChunkRecord], *, gen_s: float, **run: Any) -> SaveResult:
+        """``run``: the shared fields from :func:`asyncckpt.engine.runinfo.run_fields`."""
+        return cls(
+            gen_s=gen_s,
+            write_s=busy_time([(r.t_write_start, r.t_write_end) for r in records]),
+            write_latency_s=percentiles([r.write_s for r in records]),
+            checksum_s=sum(r.checksum_s for r in records),
+            records=tuple(records),
+            **run,
+        )
+
+    @property
+    def storage_s(self) -> float:
+        return self.write_s
+
+    @property
+    def work_s(self) -> float:
+        return self.gen_s
+
+    @property
+    def gen_bps(self) -> float:
+        return _rate(self.size_bytes, self.gen_s)
+
+    @property
+    def checksum_bps(self) -> float:
+        return _rate(self.size_bytes, self.checksum_s)
+
+    @property
+    def gen_io_ratio(self) -> float:
+        """How many times faster generation is than storage (> 1: storage is measured)."""
+        return _ratio(self.gen_bps, self.io_bps)
+
+    def derived(self) -> dict[str, Any]:
+        return {
+            **super().derived(),
+            "gen_bps": _finite(self.gen_bps),
+            "gen_io_ratio": _finite(self.gen_io_ratio),
+            "checksum_bps": _finite(self.checksum_bps),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadResult(RunResult):
+    """One load: reads on one side of the pool, the consumer (verification + caller) on the other."""
+
+    operation: ClassVar[str] = "load"
+    _percentiles = ("chunk_latency_s", "read_latency_s", "loop_lag_s")
+    _record = ReadRecord
+
+    method: str = "streaming"
+    consume_s: float  # sum of per-chunk consumer times (verification + caller)
+    read_s: float  # wall time with at least one read in flight
+    read_latency_s: Percentiles
+    verify_s: float = 0.0  # sum of pure verification times (part of consume_s)
+    records: tuple[ReadRecord, ...] = ()
+
+    # the save-side names loads answered to before this release (one release)
+    gen_s = Renamed[float]("consume_s")
+    write_s = Renamed[float]("read_s")
+    write_latency_s = Renamed[Percentiles]("read_latency_s")
+    gen_bps = Renamed[float]("consume_bps")
+    gen_io_ratio = Renamed[float]("consume_io_ratio")
+
+    @classmethod
+    def from_records(cls, records: Sequence[ReadRecord], **run: Any) -> LoadResult:
+        """``run``: the shared fields from :func:`asyncckpt.engine.runinfo.run_fields`."""
+        return cls(
+            consume_s=sum(r.consume_s for r in records),
+            read_s=busy_time([(r.t_read_start, r.t_read_end) for r in records]),
+            read_latency_s=percentiles([r.read_s for r in records]),
+            verify_s=sum(r.verify_s for r in records),
+            records=tuple(records),
+            **run,
+        )
+
+    @property
+    def storage_s(self) -> float:
+        return self.read_s
+
+    @property
+    def work_s(self) -> float:
+        return self.consume_s
+
+    @property
+    def read_bps(self) -> float:
+        """Bytes / time with a read in flight: the storage's read rate."""
+        return _rate(self.size_bytes, self.read_s)
+
+    @property
+    def consume_bps(self) -> float:
+        return _rate(self.size_bytes, self.consume_s)
+
+    @property
+    def verify_bps(self) -> float:
+        return _rate(self.size_bytes, self.verify_s)
+
+    @property
+    def consume_io_ratio(self) -> float:
+        """How many times faster the consumer is than storage (> 1: storage is measured)."""
+        return _ratio(self.consume_bps, self.io_bps)
+
+    def derived(self) -> dict[str, Any]:
+        return {
+            **super().derived(),
+            "read_bps": _finite(self.read_bps),
+            "consume_bps": _finite(self.consume_bps),
+            "consume_io_ratio": _finite(self.consume_io_ratio),
+            "verify_bps": _finite(self.verify_bps),
+        }
+
+
+Result = SaveResult | LoadResult
+
+
+def result_from_dict(data: dict[str, Any]) -> Result:
+    """A result of either kind from its JSON form (current schema; see ``schema.upgrade``)."""
+    return LoadResult.from_dict(data) if data["operation"] == "load" else SaveResult.from_dict(data)
+
+
+def _rate(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds if seconds > 0 else math.inf
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b not in (0, math.inf) else math.inf
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None

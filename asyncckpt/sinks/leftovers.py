@@ -1,0 +1,145 @@
+"""Leftovers of dead saves: temporary files and pending S3 multipart uploads, found and removed.
+
+A save that is killed leaves its temporary file (or, on S3, its upload) behind. Only what is
+*provably* abandoned is removed without being asked: a temporary named after a process of
+this host and boot that no longer exists (:mod:`asyncckpt.owner`). Everything else (another
+host's or boot's temporaries, asyncckpt < 0.2 names, every S3 upload, whose owner a listing
+cannot show) is removed only when the caller names an age (``older_than``), and a temporary
+whose process is alive here is never removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..owner import LEGACY_TEMP, parse_temp
+from . import path_from_uri, resolve_backend, scheme_of
+
+
+@dataclass(frozen=True)
+class Leftover:
+    where: str  # a path, or s3://bucket/key
+    kind: str  # "temporary file" or "multipart upload"
+    age_s: float
+    owner: str  # who left it, as far as can be told
+    removable: bool
+    why: str  # why it is (not) removed
+    upload_id: str | None = None
+
+
+def _judge(state: str, age_s: float, older_than: float | None) -> tuple[bool, str]:
+    if state == "dead":
+        return True, "its process is gone"
+    if state == "alive":
+        return False, "its process is running"
+    if older_than is not None and age_s >= older_than:
+        return True, f"older than {older_than:g} s"
+    return False, "owner unknown: give --older-than to remove"
+
+
+def file_leftovers(target: str | os.PathLike[str], older_than: float | None = None) -> list[Leftover]:
+    """Temporaries in a directory (or those of one file, given its path). Blocking: run it
+    in a thread from async code."""
+    path = path_from_uri(os.fspath(target))
+    directory, only = (path, None) if path.is_dir() else (path.parent, path.name)
+    if not directory.is_dir():
+        raise ConfigError(f"{str(directory)!r} is not a directory")
+    found = []
+    now = time.time()
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            owner = parse_temp(entry.name)
+            if owner is None and not LEGACY_TEMP.match(entry.name):
+                continue
+            if only is not None and not entry.name.startswith(f".{only}."):
+                continue
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+            if owner is None:
+                state, who = "unknown", "unrecorded (asyncckpt < 0.2)"
+            else:
+                state = owner.state()
+                who = f"pid {owner.pid} on {owner.host} ({state})"
+            removable, why = _judge(state, age, older_than)
+            found.append(Leftover(entry.path, "temporary file", age, who, removable, why))
+    return sorted(found, key=lambda x: x.where)
+
+
+async def s3_leftovers(uri: str, older_than: float | None, options: dict[str, Any]) -> list[Leftover]:
+    """Pending multipart uploads under ``s3://bucket/prefix`` (through aiobotocore)."""
+    sink = _listing_sink(uri, options)
+    try:
+        uploads = await sink.pending_uploads()
+    finally:
+        await sink.aclose()
+    now = time.time()
+    found = []
+    for u in uploads:
+        started = u.get("Initiated")
+        # the server's clock (and its whole-second stamps) may run ahead of ours: never < 0
+        age = max(0.0, now - started.timestamp()) if isinstance(started, datetime) else 0.0
+        removable, why = _judge("unknown", age, older_than)
+        where = f"s3://{sink.bucket}/{u['Key']}"
+        found.append(
+            Leftover(where, "multipart upload", age, "not recorded by S3", removable, why, u["UploadId"])
+        )
+    return found
+
+
+def _listing_sink(uri: str, options: dict[str, Any]) -> Any:
+    from .base import SinkOptions
+    from .s3 import sink_class
+
+    if resolve_backend(uri, "aiobotocore") != "aiobotocore":  # pragma: no cover - defensive
+        raise ConfigError("cleanup of S3 uploads needs aiobotocore")
+    # a prefix may end with "/" (or be empty), which an object URI may not: the sink is made
+    # for a placeholder key and its key then set to the prefix it lists
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    no_executor: Any = None  # aiobotocore runs its requests on the event loop
+    sink: Any = sink_class("aiobotocore")(
+        f"s3://{bucket}/prefix", executor=no_executor, options=SinkOptions(extra=dict(options))
+    )
+    sink.key = prefix
+    return sink
+
+
+async def find(
+    uri: str, older_than: float | None = None, options: dict[str, Any] | None = None
+) -> list[Leftover]:
+    """The leftovers at ``uri``: a directory or file path, or an ``s3://bucket/prefix``."""
+    if scheme_of(uri) == "s3":
+        return await s3_leftovers(uri, older_than, options or {})
+    if scheme_of(uri) not in ("", "file"):
+        raise ConfigError(f"cleanup works on files and s3:// prefixes, not {uri!r}")
+    return await asyncio.to_thread(file_leftovers, uri, older_than)
+
+
+async def remove(
+    leftovers: list[Leftover], uri: str, options: dict[str, Any] | None = None
+) -> list[Leftover]:
+    """Remove the removable ones; return those removed."""
+    done = []
+    files = [x for x in leftovers if x.removable and x.upload_id is None]
+    for x in files:
+        try:
+            await asyncio.to_thread(Path(x.where).unlink)
+        except FileNotFoundError:
+            continue  # gone meanwhile (its owner finished, or another cleanup)
+        done.append(x)
+    uploads = [x for x in leftovers if x.removable and x.upload_id is not None]
+    if uploads:
+        sink = _listing_sink(uri, options or {})
+        try:
+            for x in uploads:
+                assert x.upload_id is not None
+                await sink.abort_upload(x.where.split("/", 3)[3], x.upload_id)
+                done.append(x)
+        finally:
+            await sink.aclose()
+    return done

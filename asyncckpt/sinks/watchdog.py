@@ -1,0 +1,235 @@
+"""The stall watchdog: storage that makes no progress for ``stall_timeout`` seconds fails fast.
+
+Request timeouts live in each client library and differ (botocore waits per socket read, s3dlio
+per request, Mountpoint has none, a hung NFS ``pwrite`` has none at all) and retries multiply
+them: a stopped server held a save for minutes. :class:`WatchedSink` wraps any sink, in-process
+or isolated, and times the one thing they share: calls finishing. While at least one call is
+in flight, a call finishing (successfully or not) is progress; when none finishes for
+``stall_timeout`` s, every call in flight fails with :class:`StallError` naming the oldest
+stuck stage. Clean-up (``abort``, ``aclose``) is watched too, with half the budget, shared
+after a stall, so a stalled save fails within 1.5 × ``stall_timeout``.
+
+A thread blocked inside a client library cannot be interrupted. The watchdog abandons it:
+control returns to the caller, the thread finishes when its library gives up (its request
+timeout), and whatever buffer it holds must never be handed out again — ``on_stall`` tells
+the owner to replace its pool and executor. An isolated writer process is simply killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from ..cpu import CpuCounters
+from ..errors import StallError
+from ..sources.base import GenSpec
+from .base import InPlaceWrite, Sink
+from .isolation.process_sink import ProcessSink
+
+T = TypeVar("T")
+log = logging.getLogger("asyncckpt")
+CLEANUP_SHARE = 0.5  # of stall_timeout, for abort/aclose (together, after a stall)
+_CLEANUP = frozenset({"abort", "close"})
+IN_MEMORY = frozenset({"null", "memory"})
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Done callback of an abandoned call: its outcome no longer matters, but is not 'lost'."""
+    if not task.cancelled():
+        exc = task.exception()
+        if exc is not None:
+            log.debug("abandoned storage call ended later with %s: %s", type(exc).__name__, exc)
+
+
+class Watchdog:
+    """Progress clock for one sink's calls; see the module docstring."""
+
+    def __init__(self, timeout: float, what: str, on_stall: Callable[[], None] | None = None) -> None:
+        self.timeout = timeout
+        self.what = what
+        self.on_stall = on_stall
+        self.stalled: StallError | None = None
+        self.abandoned = 0  # calls given up on (their threads may still run)
+        self._ids = itertools.count()
+        self._active: dict[int, tuple[str, float]] = {}  # call → (stage, started)
+        self._since = 0.0  # start of the current interval without progress
+        self._trip: asyncio.Future[None] | None = None  # resolved when active calls must give up
+        self._cleanup_until: float | None = None  # after a stall: abort + aclose share one budget
+
+    def _deadline(self, stage: str) -> float:
+        if stage in _CLEANUP:
+            end = self._since + self.timeout * CLEANUP_SHARE
+            return min(end, self._cleanup_until) if self._cleanup_until is not None else end
+        return self._since + self.timeout
+
+    async def run(self, stage: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """``await fn()``, failing with StallError when the sink stops making progress."""
+        loop = asyncio.get_running_loop()
+        if not self._active:
+            self._since = loop.time()
+        cid = next(self._ids)
+        self._active[cid] = (stage, loop.time())
+        if self._trip is None or self._trip.done():
+            self._trip = loop.create_future()
+        trip: asyncio.Future[Any] = self._trip
+        inner: asyncio.Future[T] = asyncio.ensure_future(fn())
+        cancelled = False
+        try:
+            while True:
+                remaining = self._deadline(stage) - loop.time()
+                if remaining > 0 and not trip.done():
+                    try:
+                        await asyncio.wait(
+                            {inner, trip}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                        )
+                    except asyncio.CancelledError:
+                        # like run_blocking: the call may still use the caller's buffer, so wait
+                        # for it, but never past the stall deadline
+                        cancelled = True
+                        inner.cancel()
+                        continue
+                    if inner.done():
+                        self._since = loop.time()  # progress
+                        if cancelled:
+                            raise asyncio.CancelledError
+                        return inner.result()
+                    continue  # woken early, or another call made progress: re-check
+                error = await self._stalled(stage, inner, trip)
+                if cancelled:
+                    raise asyncio.CancelledError
+                raise error
+        finally:
+            del self._active[cid]
+
+    async def _stalled(
+        self, stage: str, inner: asyncio.Future[Any], trip: asyncio.Future[None]
+    ) -> StallError:
+        """Give up on ``inner``; the first call to get here reports and trips the others."""
+        self.abandoned += 1
+        if stage != "close":  # a closing client is left to finish on its own
+            inner.cancel()
+        inner.add_done_callback(_retrieve)
+        if not trip.done():
+            loop = asyncio.get_running_loop()
+            oldest = min(self._active.values(), key=lambda v: v[1])[0]
+            budget = self.timeout * (CLEANUP_SHARE if oldest in _CLEANUP else 1)
+            self.stalled = StallError(
+                f"{self.what}: {oldest} stalled: no storage call finished for {budget:g} s "
+                f"(stall_timeout={self.timeout:g} s); gave up on it",
+                stage=oldest,
+            )
+            log.error("%s", self.stalled)
+            self._since = loop.time()  # calls made from now on (the abort) get a fresh window...
+            self._cleanup_until = self._since + self.timeout * CLEANUP_SHARE  # ...but one for all
+            trip.set_result(None)
+            if self.on_stall is not None:
+                self.on_stall()
+        assert self.stalled is not None
+        error = StallError(str(self.stalled), stage=self.stalled.stage)  # each raise its own
+        return error
+
+
+class WatchedSink(Sink):
+    """A sink whose every storage call runs under a :class:`Watchdog`; the rest is delegated."""
+
+    def __init__(self, inner: Sink, stall_timeout: float, on_stall: Callable[[], None] | None = None) -> None:
+        super().__init__(inner.uri, executor=inner.executor, options=inner.options)
+        self.inner = inner
+        setattr(self, "backend", inner.backend)  # noqa: B010 - instance value shadows the class default
+        setattr(self, "default_in_flight", inner.default_in_flight)  # noqa: B010
+        self.watchdog = Watchdog(stall_timeout, f"{inner.uri} ({inner.backend})", self._on_stall)
+        self._owner_on_stall = on_stall
+
+    def _on_stall(self) -> None:
+        if isinstance(self.inner, ProcessSink):  # a process, unlike a thread, can be stopped
+            task = asyncio.ensure_future(self.inner.kill("the stall watchdog gave up on it"))
+            task.add_done_callback(_retrieve)
+        if self._owner_on_stall is not None:
+            self._owner_on_stall()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)  # ProcessSink.attach_arena, S3 sink facts, ...
+
+    def writes_in_flight(self) -> int:
+        return self.inner.writes_in_flight()
+
+    def check(self) -> None:
+        self.inner.check()
+
+    async def start(self) -> None:
+        await self.inner.start()  # not storage I/O: never a stall
+
+    async def open(self, size: int) -> None:
+        await self.inner.start()
+        await self.watchdog.run("open", lambda: self.inner.open(size))
+
+    async def write_part(self, offset: int, data: memoryview) -> float | None:
+        part = offset // (self.options.chunk_size or max(len(data), 1)) + 1
+        stage = f"write part {part} (offset {offset}, {len(data)} bytes)"
+        return await self.watchdog.run(stage, lambda: self.inner.write_part(offset, data))
+
+    async def begin_generation(self, spec: GenSpec) -> bool:
+        return await self.watchdog.run("start generating", lambda: self.inner.begin_generation(spec))
+
+    async def write_generated(self, offset: int, nbytes: int) -> InPlaceWrite:
+        part = offset // (self.options.chunk_size or max(nbytes, 1)) + 1
+        stage = f"write part {part} (offset {offset}, {nbytes} bytes, generated in place)"
+        return await self.watchdog.run(stage, lambda: self.inner.write_generated(offset, nbytes))
+
+    async def complete(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        return await self.watchdog.run("complete", lambda: self.inner.complete(*args, **kwargs))
+
+    async def abort(self) -> None:
+        """Never raises (a stall included): the error that caused the abort is the one to report."""
+        try:
+            await self.watchdog.run("abort", self.inner.abort)
+        except Exception as exc:
+            log.warning("abort failed (an upload or temporary file may be left for cleanup): %s", exc)
+
+    async def open_read(self, *, defeat_cache: bool = True) -> None:
+        await self.inner.start()
+        await self.watchdog.run("open for reading", lambda: self.inner.open_read(defeat_cache=defeat_cache))
+
+    async def read_into(self, offset: int, buf: memoryview) -> int:
+        stage = f"read at offset {offset} ({len(buf)} bytes)"
+        return await self.watchdog.run(stage, lambda: self.inner.read_into(offset, buf))
+
+    async def size(self) -> int:
+        await self.inner.start()
+        return await self.watchdog.run("stat", self.inner.size)
+
+    async def delete(self) -> None:
+        await self.inner.start()
+        await self.watchdog.run("delete", self.inner.delete)
+
+    async def list_names(self) -> list[str]:
+        await self.inner.start()
+        return await self.watchdog.run("list", self.inner.list_names)
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(StallError):  # logged by the watchdog; the client closes later
+            await self.watchdog.run("close", self.inner.aclose)
+
+    async def cpu_counters(self) -> CpuCounters:
+        await self.inner.start()  # a writer process is started before its CPU is first read
+        return await self.watchdog.run("read CPU counters", self.inner.cpu_counters)
+
+    def describe(self) -> dict[str, Any]:
+        return self.inner.describe()
+
+
+def watch(sink: Sink, stall_timeout: float, on_stall: Callable[[], None] | None = None) -> Sink:
+    """``sink`` under a watchdog, unless it keeps bytes in this process's memory (cannot stall;
+    a watched call yields to the loop, which would let other work into its timed interval)."""
+    if sink.backend in IN_MEMORY and not isinstance(sink, ProcessSink):
+        return sink
+    return WatchedSink(sink, stall_timeout, on_stall)
+
+
+def unwrap(sink: Sink) -> Sink:
+    """The sink a :class:`WatchedSink` watches (or ``sink`` itself)."""
+    return sink.inner if isinstance(sink, WatchedSink) else sink
