@@ -9,7 +9,9 @@ from . import env, modes
 from .errors import ConfigError
 from .priority import BACKGROUND_NICE, MAX_NICE
 from .secrets import protect_options
+from .sinks.base import SinkOptions
 from .sinks.isolation.policy import requested_start_method, resolve_policy
+from .sinks.router import Routing
 from .units import GiB, MiB
 
 DATA_GEN_ENV = env.DATA_GEN
@@ -170,6 +172,29 @@ class CheckpointConfig:
         if self.cpu_pin is not None:
             return self.cpu_pin
         return self.thread_budget == "leave_loop_core"
+
+    def sink_options(self) -> SinkOptions:
+        """The options every sink of this configuration gets."""
+        return SinkOptions(
+            direct_io=self.direct_io,
+            fsync=self.fsync,
+            reserve_space=self.reserve_space,
+            chunk_size=self.chunk_size,
+            extra=dict(self.backend_options),
+        )
+
+    def routing(self) -> Routing:
+        """What the storage router needs: backend, isolation, timeouts, sink options."""
+        return Routing(
+            backend=self.backend,
+            isolation=self.isolation,
+            mp_start_method=self.mp_start_method,
+            stall_timeout=self.stall_timeout,
+            writer_timeout=self.writer_timeout,
+            options=self.sink_options(),
+            child_threads=self.num_buffers + 2,
+            nice=self.resolved_cpu_nice,
+        )
 
 
 def validate_size(size: object) -> int:

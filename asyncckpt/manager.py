@@ -25,7 +25,7 @@ from .engine.monitor import now
 from .errors import ConfigError
 from .modes import StagingMode, WhenBusy
 from .node.collectives import Collectives, get_collectives
-from .sinks import leftovers, scheme_of
+from .sinks import leftovers
 
 log = logging.getLogger("asyncckpt")
 
@@ -85,11 +85,11 @@ class CheckpointManager:
         staging = modes.parse("staging", staging, StagingMode, fold=False)
         if checkpointer is not None and options:
             raise ConfigError("pass either checkpointer= or checkpointer options, not both")
-        self.root = steps.check_root(root)
+        self.ckpt = checkpointer if checkpointer is not None else AsyncCheckpointer(**options)
+        self.root = steps.check_root(root, self.ckpt.storage)  # nothing allocated yet: no I/O
         self.every_n_steps, self.keep_last = every_n_steps, keep_last
         self.max_pending_saves, self.when_busy, self.staging = max_pending_saves, when_busy, staging
         self._own = checkpointer is None
-        self.ckpt = checkpointer if checkpointer is not None else AsyncCheckpointer(**options)
         self.stats = ManagerStats()
         self._coll: Collectives | None = None
         self._pending: list[asyncio.Task[None]] = []
@@ -236,7 +236,9 @@ class CheckpointManager:
                 self.stats.left.append((step, f"{why}: not provably dead"))
                 continue
             base = steps.step_uri(self.root, step)
-            if scheme_of(base) != "s3":  # the dead ranks' temporaries, by the owner rule
+            if self.ckpt.storage.backend_of(
+                base
+            ).has_directories:  # dead ranks' temporaries, by the owner rule
                 found = await leftovers.find(base)
                 await leftovers.remove(found, base)
             try:

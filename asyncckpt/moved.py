@@ -50,6 +50,10 @@ MOVED: dict[str, str] = {
     "topology": "node.topology",
     "verify": "engine.verify",
     "watchdog": "sinks.watchdog",
+    "state.chunks": "engine.chunks",
+    "state.dtypes": "engine.dtypes",
+    "state.header": "engine.header",
+    "state.safetensors_format": "engine.safetensors_format",
 }
 
 

@@ -18,18 +18,31 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import ConfigError, IntegrityError, StepNotCommittedError, TargetNotFoundError
 from .modes import StagingMode
 from .node.collectives import Collectives, get_collectives
 from .owner import Owner, boot_id, host
-from .sinks import path_from_uri, scheme_of
+from .sinks.router import StorageRouter
 from .sinks.small import get_bytes, put_bytes
 from .state.results import StagedSave, StateLoadResult, StateSaveResult
 
-if TYPE_CHECKING:
-    from .checkpointer import AsyncCheckpointer
+
+class StepHost(Protocol):
+    """What steps need of a checkpointer: its storage router and its state saves and loads
+    (:class:`asyncckpt.AsyncCheckpointer` is one; steps sit below it, so they name this)."""
+
+    storage: StorageRouter
+
+    async def save_state(
+        self, uri: str, state: Mapping[Any, Any], *, staging: StagingMode | str
+    ) -> StateSaveResult | StagedSave: ...
+
+    async def load_state(
+        self, uri: str, into: Mapping[Any, Any] | None = None, *, as_torch: bool = False
+    ) -> StateLoadResult: ...
+
 
 COMMIT = "COMMITTED.json"
 OWNER = "OWNER.json"
@@ -57,18 +70,14 @@ class StepLoad:
     result: StateLoadResult
 
 
-def check_root(root: object) -> str:
+def check_root(root: object, storage: StorageRouter) -> str:
     """``root`` as a URI without a trailing slash; ConfigError before any I/O."""
     if not isinstance(root, (str, os.PathLike)):
         raise ConfigError(f"root must be a directory path or s3://bucket/prefix, got {root!r}")
     text = os.fspath(root).rstrip("/")
-    scheme = scheme_of(text) if text else ""
-    if not text or (scheme == "s3" and "/" not in text[len("s3://") :]):
+    if not text:
         raise ConfigError(f"root {os.fspath(root)!r} must name a directory or an s3://bucket/prefix")
-    if scheme not in ("", "file", "s3"):
-        raise ConfigError(f"step directories live on files or s3://, not {text!r}")
-    if scheme != "s3" and path_from_uri(text).is_file():
-        raise ConfigError(f"root {text!r} is a file, not a directory of steps")
+    storage.backend_of(text).check_root(text)
     return text
 
 
@@ -87,26 +96,26 @@ def rank_object(rank: int, world: int) -> str:
 
 
 # -- small operations through the checkpointer's handles -----------------------------------
-async def _list(ckpt: AsyncCheckpointer, uri: str) -> list[str]:
-    sink = await ckpt._sink(uri)
+async def _list(ckpt: StepHost, uri: str) -> list[str]:
+    sink = await ckpt.storage.handle(uri)
     try:
         return await sink.list_names()
     finally:
         await sink.aclose()
 
 
-async def put_record(ckpt: AsyncCheckpointer, uri: str, record: Mapping[str, Any]) -> None:
+async def put_record(ckpt: StepHost, uri: str, record: Mapping[str, Any]) -> None:
     """Publish a small JSON record at ``uri`` atomically (the backend's one commit)."""
-    sink = await ckpt._sink(uri)
+    sink = await ckpt.storage.handle(uri)
     try:
         await put_bytes(sink, json.dumps(record, sort_keys=True).encode())
     finally:
         await sink.aclose()
 
 
-async def get_record(ckpt: AsyncCheckpointer, uri: str) -> dict[str, Any] | None:
+async def get_record(ckpt: StepHost, uri: str) -> dict[str, Any] | None:
     """The JSON record at ``uri``; None if absent."""
-    sink = await ckpt._sink(uri)
+    sink = await ckpt.storage.handle(uri)
     try:
         raw = await get_bytes(sink)
     except TargetNotFoundError:
@@ -122,29 +131,32 @@ async def get_record(ckpt: AsyncCheckpointer, uri: str) -> dict[str, Any] | None
     return record
 
 
-async def _delete(ckpt: AsyncCheckpointer, uri: str) -> None:
-    sink = await ckpt._sink(uri)
+async def _delete(ckpt: StepHost, uri: str) -> None:
+    sink = await ckpt.storage.handle(uri)
     try:
         await sink.delete()
     finally:
         await sink.aclose()
 
 
-async def _make_dir(uri: str) -> None:
-    if scheme_of(uri) != "s3":  # object stores have no directories
-        await asyncio.to_thread(path_from_uri(uri).mkdir, parents=True, exist_ok=True)
+async def _make_dir(ckpt: StepHost, uri: str) -> None:
+    sink = await ckpt.storage.handle(uri)  # object stores have no directories: a no-op there
+    try:
+        await sink.make_directory()
+    finally:
+        await sink.aclose()
 
 
 # -- the public operations -----------------------------------------------------------------
-async def steps_under(ckpt: AsyncCheckpointer, root: str | os.PathLike[str]) -> list[int]:
+async def steps_under(ckpt: StepHost, root: str | os.PathLike[str]) -> list[int]:
     """Every step number with a directory under ``root`` (committed or not), ascending."""
-    names = await _list(ckpt, check_root(root))
+    names = await _list(ckpt, check_root(root, ckpt.storage))
     return sorted(int(m[1]) for m in map(_STEP.match, names) if m)
 
 
-async def read_commit(ckpt: AsyncCheckpointer, root: str | os.PathLike[str], step: int) -> StepCommit | None:
+async def read_commit(ckpt: StepHost, root: str | os.PathLike[str], step: int) -> StepCommit | None:
     """The commit record of ``step``; None if it has none."""
-    uri = f"{step_uri(check_root(root), check_step(step))}/{COMMIT}"
+    uri = f"{step_uri(check_root(root, ckpt.storage), check_step(step))}/{COMMIT}"
     record = await get_record(ckpt, uri)
     if record is None:
         return None
@@ -154,7 +166,7 @@ async def read_commit(ckpt: AsyncCheckpointer, root: str | os.PathLike[str], ste
         raise IntegrityError(f"{uri!r} is not a commit record: {exc}") from None
 
 
-async def latest_step(ckpt: AsyncCheckpointer, root: str | os.PathLike[str]) -> int | None:
+async def latest_step(ckpt: StepHost, root: str | os.PathLike[str]) -> int | None:
     """The newest committed step under ``root`` (uncommitted ones are passed over), or None."""
     for step in reversed(await steps_under(ckpt, root)):
         if await read_commit(ckpt, root, step) is not None:
@@ -163,7 +175,7 @@ async def latest_step(ckpt: AsyncCheckpointer, root: str | os.PathLike[str]) -> 
 
 
 async def start_step(
-    ckpt: AsyncCheckpointer,
+    ckpt: StepHost,
     root: str | os.PathLike[str],
     step: int,
     state: Mapping[Any, Any],
@@ -178,8 +190,8 @@ async def start_step(
     ``"none"``: after this rank's object is durable). Every rank must call it, in step order;
     ``after`` (the previous step's task) keeps the ranks' collectives in that order.
     """
-    base = step_uri(check_root(root), check_step(step))
-    await _make_dir(base)
+    base = step_uri(check_root(root, ckpt.storage), check_step(step))
+    await _make_dir(ckpt, base)
     if coll.is_coordinator:
         owner = {"host": host(), "boot": boot_id(), "pid": os.getpid(), "started_at": time.time()}
         await put_record(ckpt, f"{base}/{OWNER}", owner)
@@ -196,7 +208,7 @@ async def start_step(
 
 
 async def _commit(
-    ckpt: AsyncCheckpointer,
+    ckpt: StepHost,
     base: str,
     step: int,
     name: str,
@@ -238,7 +250,7 @@ async def _commit(
 
 
 async def save_step(
-    ckpt: AsyncCheckpointer,
+    ckpt: StepHost,
     root: str | os.PathLike[str],
     step: int,
     state: Mapping[Any, Any],
@@ -253,7 +265,7 @@ async def save_step(
 
 
 async def load_step(
-    ckpt: AsyncCheckpointer,
+    ckpt: StepHost,
     root: str | os.PathLike[str],
     step: int | None = None,
     *,
@@ -265,7 +277,7 @@ async def load_step(
 
     Raises :class:`StepNotCommittedError` naming the step when it has no commit record.
     """
-    base_root = check_root(root)
+    base_root = check_root(root, ckpt.storage)
     if step is not None:
         check_step(step)
     if coll is None:
@@ -290,21 +302,21 @@ async def load_step(
     return StepLoad(step=step, state=loaded.state, result=loaded)
 
 
-async def delete_step(ckpt: AsyncCheckpointer, root: str | os.PathLike[str], step: int) -> list[str]:
+async def delete_step(ckpt: StepHost, root: str | os.PathLike[str], step: int) -> list[str]:
     """Remove a step: its commit record first (never a committed step with objects missing),
     then its objects, then (files) the directory. Returns the names removed."""
-    base = step_uri(check_root(root), check_step(step))
+    base = step_uri(check_root(root, ckpt.storage), check_step(step))
     names = await _list(ckpt, base)
     ordered = [n for n in names if n == COMMIT] + [n for n in names if n not in (COMMIT, OWNER)]
     ordered += [n for n in names if n == OWNER]  # the owner last: an interrupted delete stays cleanable
     for name in ordered:
         await _delete(ckpt, f"{base}/{name}")
-    if scheme_of(base) != "s3":
+    if ckpt.storage.backend_of(base).has_directories:
         await _delete(ckpt, base)
     return ordered
 
 
-async def owner_of(ckpt: AsyncCheckpointer, root: str, step: int) -> Owner | None:
+async def owner_of(ckpt: StepHost, root: str, step: int) -> Owner | None:
     """Who started an uncommitted step (its ``OWNER.json``), or None if unrecorded."""
     record = await get_record(ckpt, f"{step_uri(root, step)}/{OWNER}")
     if record is None:

@@ -157,7 +157,7 @@ async def run_target(
         chunk_size=chunk, num_buffers=args.num_buffers, seed=1, reserve_space=reserve
     ) as ckpt:
         await ckpt.save(uri, min(size, 4 * chunk))  # warm-up: pool pre-touched, dgen pool started
-        pool = await ckpt._ensure_pool()
+        pool = await ckpt.runtime.pool()
         views = [b.view for b in pool.buffers]
 
         def primed() -> None:

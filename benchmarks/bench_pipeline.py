@@ -24,8 +24,8 @@ from asyncckpt.sinks import SinkOptions, make_sink
 async def io_ceiling(ckpt: AsyncCheckpointer, uri: str, size: int) -> float:
     """Write ``size`` bytes from pre-filled pool buffers straight through the sink, with as
     many writes in flight as the streaming save uses (the backend's default unless set)."""
-    pool = await ckpt._ensure_pool()
-    executor = ckpt._ensure_executor()
+    pool = await ckpt.runtime.pool()
+    executor = ckpt.runtime.executor()
     cfg = ckpt.config
     sink = make_sink(uri, backend=None, executor=executor, options=SinkOptions(direct_io=cfg.direct_io))
     in_flight = cfg.max_in_flight or min(sink.default_in_flight, cfg.num_buffers)

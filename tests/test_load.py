@@ -128,7 +128,7 @@ async def test_memory_bounded_by_pool(tmp_path: Path) -> None:
     async with AsyncCheckpointer(chunk_size=64 * KiB, num_buffers=3, seed=1) as ckpt:
         await ckpt.save(target, 200 * 64 * KiB)
         result = await ckpt.load(target, num_readers=3)
-        pool = ckpt._pool
+        pool = ckpt.runtime.pool_now
         assert pool is not None
         stats = pool.stats()
     assert result.chunks == 200
@@ -178,7 +178,7 @@ async def test_early_exit_releases_pool(tmp_path: Path, leak_check: None) -> Non
                 break
         with pytest.raises(RuntimeError, match="not finished"):
             _ = views.result
-        pool = ckpt._pool
+        pool = ckpt.runtime.pool_now
         assert pool is not None and pool.stats().free == 3
         await ckpt.save(target, CHUNK)  # the lock was released
         stream = ckpt.iter_load(target)
@@ -232,7 +232,7 @@ async def test_cancel_mid_load_cleans_up(tmp_path: Path, leak_check: None) -> No
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        pool = ckpt._pool
+        pool = ckpt.runtime.pool_now
         assert pool is not None and pool.stats().free == 3
         assert (await ckpt.load(target)).chunks == 20  # lock and pool usable again
 

@@ -43,7 +43,7 @@ def nice(tid):
 async def main():
     async with AsyncCheckpointer(chunk_size=1 << 20, num_buffers=4, **json.loads(sys.argv[1])) as ckpt:
         await ckpt.save("null://probe", 8 << 20)
-        cpu = ckpt._cpu
+        cpu = ckpt.runtime.cpu_lane
         print(json.dumps({
             "loop": nice(threading.get_native_id()),
             "cpu_threads": [nice(t.native_id) for t in cpu._threads] if cpu is not None else None,
@@ -181,7 +181,7 @@ async def test_a_writer_process_runs_at_cpu_nice(tmp_path: Path, rule: str, expe
         chunk_size=1 << 20, num_buffers=4, isolation="process", thread_budget=rule
     ) as ckpt:
         await ckpt.save(str(tmp_path / "ckpt.bin"), 4 << 20)
-        (writer,) = ckpt._writers._writers.values()
+        (writer,) = ckpt.storage.writers.live()
         assert writer.pid is not None
         tids = [int(t) for t in os.listdir(f"/proc/{writer.pid}/task")]
         assert len(tids) > 1  # its loop's worker threads too, not only the main thread
@@ -236,8 +236,8 @@ async def test_a_staged_saves_checksum_pass_runs_on_the_lowered_lane(tmp_path: P
     async with AsyncCheckpointer(chunk_size=1 << 20, num_buffers=4) as ckpt:
         staged = await ckpt.save_state(tmp_path / "s.safetensors", state, staging="host")
         result = await staged
-        assert ckpt._cpu is not None  # a state save made the lane's thread: only the pass uses it
-        (tid,) = ckpt._cpu.tids()
+        assert ckpt.runtime.cpu_lane is not None  # a state save made the lane's thread: only the pass uses it
+        (tid,) = ckpt.runtime.cpu_lane.tids()
         assert nice_of(tid) == 10 and not is_idle_class(tid)  # the defaults: niceness alone
         # and the result says where its CPU-only work (that pass) ran: it said nice 0 before
         assert (result.save.metadata.cpu_nice, result.save.metadata.cpu_idle) == (10, False)
@@ -256,7 +256,7 @@ async def main():
     for options in json.loads(sys.argv[1]):
         async with AsyncCheckpointer(chunk_size=1 << 20, num_buffers=4, **options) as ckpt:
             await ckpt.save("null://probe", 8 << 20)
-            cpu = ckpt._cpu
+            cpu = ckpt.runtime.cpu_lane
             out.append({
                 "cpu_threads": [sorted(os.sched_getaffinity(t)) for t in cpu.tids()] if cpu else [],
                 "dgen_helpers": [sorted(os.sched_getaffinity(t)) for t in helper_threads()],

@@ -17,7 +17,7 @@ from asyncckpt.integrations.loop_thread import CheckpointerThread
 
 
 async def _worker_id(ckpt: AsyncCheckpointer) -> int:
-    return await run_blocking(ckpt._ensure_executor(), threading.get_native_id)
+    return await run_blocking(ckpt.runtime.executor(), threading.get_native_id)
 
 
 def test_worker_threads_outlive_each_call_and_end_with_close() -> None:

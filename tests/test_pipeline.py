@@ -69,7 +69,7 @@ async def test_no_buffer_is_refilled_while_being_written(extra_backends: None) -
     size = 24 * CHUNK + 777
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3, seed=11) as ckpt:
         result = await ckpt.save("racecheck://obj", size)
-        pool = ckpt._pool
+        pool = ckpt.runtime.pool_now
         assert pool is not None
         stats = pool.stats()
     assert RaceCheckingSink.violations == []
@@ -139,10 +139,10 @@ async def test_event_loop_keeps_ticking_during_large_save(
 async def test_repeated_saves_reuse_the_pool(tmp_path: Path) -> None:
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
         await ckpt.save(tmp_path / "a", 3 * CHUNK)
-        pool = ckpt._pool
+        pool = ckpt.runtime.pool_now
         await ckpt.save(tmp_path / "b", 3 * CHUNK)
-        assert ckpt._pool is pool
-    assert ckpt._pool is None
+        assert ckpt.runtime.pool_now is pool
+    assert ckpt.runtime.pool_now is None
 
 
 async def test_async_iterable_caller_data(tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ async def test_cancel_mid_save_cleans_up(tmp_path: Path, leak_check: None) -> No
         with pytest.raises(asyncio.CancelledError):
             await task
         assert files_in(tmp_path) == []
-        pool = ckpt._pool
+        pool = ckpt.runtime.pool_now
         assert pool is not None and pool.stats().free == pool.num_buffers
 
 

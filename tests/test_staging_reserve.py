@@ -51,7 +51,7 @@ async def test_reserve_faults_the_area_in_and_the_first_staged_save_uses_it(tmp_
         before = current_rss()
         capacity = await ckpt.reserve_staging(state)
         grown = current_rss() - before
-        area = ckpt._staging_area
+        area = ckpt.staging_area
         mapping = area._map
         assert capacity >= size
         assert grown >= 0.9 * size, grown  # resident now, not at the first save's copy
@@ -81,7 +81,7 @@ async def test_reserve_waits_for_a_save_still_writing_from_the_area(s3_endpoint:
             order.append("reserved")
             with pytest.raises(AsyncCkptError):  # the held part failed it (retries spent, or a stall)
                 await staged
-            assert ckpt._staging_area.capacity >= plan("x", large, CHUNK, None).size
+            assert ckpt.staging_area.capacity >= plan("x", large, CHUNK, None).size
     finally:
         await front.stop()
     assert front.spoiled  # the write was held...
@@ -95,19 +95,19 @@ async def test_manager_makes_the_area_at_a_step_that_saves_nothing(tmp_path: Pat
     async with ckpt, CheckpointManager(tmp_path, every_n_steps=2, checkpointer=ckpt) as mgr:
         assert not await mgr.maybe_save(1, state)
         await mgr.wait()
-        mapping = ckpt._staging_area._map
-        assert ckpt._staging_area.capacity >= size
+        mapping = ckpt.staging_area.mapping
+        assert ckpt.staging_area.capacity >= size
         assert await mgr.maybe_save(2, state)
         await mgr.wait()
         assert mgr.stats.saved == [2]
-        assert ckpt._staging_area._map is mapping
+        assert ckpt.staging_area.mapping is mapping
     fresh = AsyncCheckpointer(chunk_size=MiB, num_buffers=4)
     async with fresh, CheckpointManager(tmp_path, every_n_steps=2, checkpointer=fresh) as again:
         into = await _made(0, 16)
         assert await again.restore(into=into) == 2
         await _equal(into, {**state, "step": into["step"]})  # the arrays, restored in place
         await again.wait()
-        assert fresh._staging_area.capacity >= size  # restore(into=) reserved it too
+        assert fresh.staging_area.capacity >= size  # restore(into=) reserved it too
 
 
 async def test_a_fresh_runs_restore_into_reserves_too(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ async def test_a_fresh_runs_restore_into_reserves_too(tmp_path: Path) -> None:
     async with ckpt, CheckpointManager(tmp_path, checkpointer=ckpt) as mgr:
         assert await mgr.restore(into=state) is None  # nothing saved yet: the run starts fresh
         await mgr.wait()
-        assert ckpt._staging_area.capacity >= plan("x", state, MiB, None).size
+        assert ckpt.staging_area.capacity >= plan("x", state, MiB, None).size
 
 
 async def test_a_bad_state_fails_reserve_by_name_and_the_manager_only_warns(tmp_path: Path) -> None:
@@ -127,4 +127,4 @@ async def test_a_bad_state_fails_reserve_by_name_and_the_manager_only_warns(tmp_
         async with CheckpointManager(tmp_path, every_n_steps=2, checkpointer=ckpt) as mgr:
             assert not await mgr.maybe_save(1, bad)
             await mgr.wait()
-        assert ckpt._staging_area.capacity == 0
+        assert ckpt.staging_area.capacity == 0

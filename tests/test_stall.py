@@ -86,11 +86,11 @@ async def test_stuck_write_fails_in_time_and_its_buffer_is_never_reused(hang: ty
         assert info.value.stage == f"write part 2 (offset {CHUNK}, {CHUNK} bytes)"
         assert "hang://a (hang)" in str(info.value) and "stall_timeout=0.5 s" in str(info.value)
         assert isinstance(info.value, TimeoutError)
-        old_pool = ckpt._pool
+        old_pool = ckpt.runtime.pool_now
         # the checkpointer stays usable, with a fresh pool: were the old one reused, this
         # save's bytes would overwrite the buffer the stuck thread is still reading
         await ckpt.save("memory://b", 4 * CHUNK, data=b"\xab" * (4 * CHUNK))
-        assert ckpt._pool is not old_pool
+        assert ckpt.runtime.pool_now is not old_pool
         assert bytes(stuck) == before
     assert took < STALL_S * 1.5 + 1.0, took
     hang.release.set()

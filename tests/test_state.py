@@ -25,8 +25,8 @@ from asyncckpt import (
     SourceChangedError,
     StateFormatError,
 )
+from asyncckpt.engine.safetensors_format import ALIGN
 from asyncckpt.state import StagedSave
-from asyncckpt.state.safetensors_format import ALIGN
 
 CHUNK = 64 * 1024  # small chunks: tensors and the header span several of them
 
@@ -591,7 +591,7 @@ async def test_cancelled_state_load_and_save_clean_up(tmp_path: Path, leak_check
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            pool = c._pool
+            pool = c.runtime.pool_now
             assert pool is not None and pool.stats().free == 3, op
         np.testing.assert_array_equal((await c.load_state(uri)).state["w"], state["w"])  # still usable
     assert names(tmp_path) == ["c.safetensors"]  # no partial file
@@ -604,14 +604,16 @@ async def test_object_replaced_during_state_load_is_refused(tmp_path: Path, leak
         other = bytearray(uri.read_bytes())
         at = other.index(b'"v":"1"')
         other[at : at + 7] = b'"v":"2"'  # same size, another header
-        async with c._lock:  # the load reads the header, then waits here for the pool
+        async with c.runtime.lock:  # the load reads the header, then waits here for the pool
             task = asyncio.create_task(c.load_state(str(uri), verify=False))  # no CRC catches it first
-            while not c._lock._waiters:  # type: ignore[attr-defined]  # noqa: ASYNC110 - no hook to await
+            while not c.runtime.lock._waiters:  # type: ignore[attr-defined]  # noqa: ASYNC110 - no hook to await
                 await asyncio.sleep(0)
             uri.write_bytes(other)
         with pytest.raises(IntegrityError, match="changed during the load: its header differs"):
             await task
-        assert c._pool is not None and c._pool.stats().free == 3  # reclaimed at once, not at GC
+        assert (
+            c.runtime.pool_now is not None and c.runtime.pool_now.stats().free == 3
+        )  # reclaimed at once, not at GC
 
 
 @pytest.mark.parametrize(
@@ -627,7 +629,7 @@ async def test_object_replaced_during_state_load_is_refused(tmp_path: Path, leak
 )
 def test_chunk_crcs_equal_the_objects_own(header: int, data: int, chunk: int) -> None:
     from asyncckpt.checksum import crc
-    from asyncckpt.state import chunks
+    from asyncckpt.engine import chunks
 
     raw = np.random.default_rng(header + data).integers(0, 256, header + data, dtype=np.uint8).tobytes()
     views = [memoryview(raw)[header : header + data // 3], memoryview(raw)[header + data // 3 :]]

@@ -41,14 +41,14 @@ async def test_list_names_of_a_directory(tmp_path: Path) -> None:
         await c.save(tmp_path / "a" / "x.bin", 4096)
         await c.save(tmp_path / "b.bin", 4096)
         (tmp_path / ".b.bin.ackpt~h~00000000~1~00000000.partial").write_bytes(b"")  # a temporary
-        sink = await c._sink(str(tmp_path))
+        sink = await c.storage.handle(str(tmp_path))
         assert await sink.list_names() == ["a", "b.bin"]
         await sink.aclose()
-        missing = await c._sink(str(tmp_path / "nope"))
+        missing = await c.storage.handle(str(tmp_path / "nope"))
         assert await missing.list_names() == []
         await missing.aclose()
         with pytest.raises(ConfigError, match="is a file"):
-            await (await c._sink(str(tmp_path / "b.bin"))).list_names()
+            await (await c.storage.handle(str(tmp_path / "b.bin"))).list_names()
 
 
 @pytest.mark.parametrize("backend", ["aiobotocore", "minio", "s3dlio", "s3torchconnector", "obstore"])
@@ -62,7 +62,7 @@ async def test_list_names_on_s3(s3_endpoint: S3Endpoint, backend: str) -> None:
         chunk_size=CHUNK, num_buffers=3, backend=backend, backend_options=s3_endpoint.options()
     ) as c:
         for uri, want in [("run", ["step-1", "step-2", "top"]), ("run/step-1", ["a", "b"]), ("none", [])]:
-            sink = await c._sink(f"s3://{bucket}/{uri}")
+            sink = await c.storage.handle(f"s3://{bucket}/{uri}")
             try:
                 assert await sink.list_names() == want, (backend, uri)
             finally:

@@ -1,14 +1,19 @@
-"""``load`` and ``iter_load`` of :class:`AsyncCheckpointer` (kept apart from the save path).
+"""The one load orchestration: ``load``, ``iter_load``, ``probe`` and the state loads all
+read through :func:`open_stream`.
 
-A load takes the same lock as a save (they share the pool), reads the manifest, checks the
-object's size against it before any data is read, then streams verified views.
+A load takes the same lock as a save (they share the pool), opens the object, finds its
+manifest (sealed footer, safetensors header, or the sidecar of an old save) or takes the one
+its caller already has (a state load read the header first), checks the size against it
+before any data is read, then streams verified views. Functions over the runtime and the
+storage router, not methods of the checkpointer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
 
@@ -18,19 +23,18 @@ from ..errors import ConfigError, IntegrityError, TargetNotFoundError
 from ..results.records import LoadResult, RunSetup
 from ..sinks.base import Sink
 from ..sinks.isolation import SharedBufferPool
-from ..sinks.isolation.process_sink import ProcessSink
-from ..sinks.watchdog import unwrap
-from ..state.header import state_manifest
-from .host import CheckpointerCore
+from ..sinks.router import StorageRouter
+from .header import state_manifest
 from .loader import LoadState, check_size, identity_note, label_loads, stream_views, verify_mode
-from .manifest import manifest_uri, read_manifest
+from .manifest import Manifest, manifest_uri, read_manifest
 from .monitor import LoopMonitor, now
 from .runinfo import run_fields
+from .runtime import Runtime
 from .seal import read_sealed
 from .verify import Verifier, make_verifier
 
 ProgressFn = Callable[[int], None]
-#: what :meth:`LoadsMixin.probe` finds at a URI
+#: what :func:`probe` finds at a URI
 Found = Literal["absent", "checkpoint", "foreign"]
 
 
@@ -81,227 +85,283 @@ def _copy(dst: memoryview, src: memoryview) -> None:
     dst[:] = src
 
 
-class LoadsMixin(CheckpointerCore):
-    """Load methods; the host implements :class:`CheckpointerCore` (pool, executor, lock, sinks)."""
+@dataclass(frozen=True)
+class Known:
+    """What a caller already knows of the object it loads (a state load read its header):
+    the manifest to verify against (``None``: nothing to verify) and the object's size."""
 
-    async def probe(self, uri: str | os.PathLike[str]) -> Found:
-        """What is at ``uri``: nothing, an asyncckpt checkpoint (sealed, or with the sidecar
-        manifest of an older save), or something else. Reads only the object's tail; a tool
-        that writes where users keep data asks this before it overwrites anything."""
-        sink = await self._sink(os.fspath(uri))
-        sink.check()
+    manifest: Manifest
+    size: int
+    verify: bool
+
+
+async def probe(storage: StorageRouter, uri: str | os.PathLike[str]) -> Found:
+    """What is at ``uri``: nothing, an asyncckpt checkpoint (sealed, or with the sidecar
+    manifest of an older save), or something else. Reads only the object's tail; a tool
+    that writes where users keep data asks this before it overwrites anything."""
+    sink = await storage.handle(os.fspath(uri))
+    sink.check()
+    try:
         try:
-            try:
-                size = await sink.size()
-            except TargetNotFoundError:
-                return "absent"
-            try:
-                if await read_sealed(sink, size, sink.uri) is not None:
-                    return "checkpoint"
-                if await state_manifest(sink, size, sink.uri) is not None:
-                    return "checkpoint"
-            except IntegrityError:
-                return "checkpoint"  # our footer or header, damaged: still ours to replace
-            sidecar = await self._sink(manifest_uri(sink.uri))
-            try:
-                await sidecar.size()
+            size = await sink.size()
+        except TargetNotFoundError:
+            return "absent"
+        try:
+            if await read_sealed(sink, size, sink.uri) is not None:
                 return "checkpoint"
-            except TargetNotFoundError:
-                return "foreign"
-            finally:
-                await sidecar.aclose()
-        finally:
-            await sink.aclose()
-
-    async def load(
-        self,
-        uri: str | os.PathLike[str],
-        *,
-        verify: bool | str = True,
-        num_readers: int | None = None,
-        read_chunk_size: int | None = None,
-        into: Any = None,
-        defeat_cache: bool = True,
-        progress: ProgressFn | None = None,
-    ) -> LoadResult:
-        """Read a checkpoint back (verified against its manifest) and return what it measured.
-
-        ``verify``: True/"checksum" (CRC32C per chunk), "regenerate" (synthetic data, byte by
-        byte) or False (pure reads). ``into``: a writable buffer that receives the bytes.
-        """
-        target = _writable(into) if into is not None else None
-        await self._import_for(uri)
-        stream = self._stream(uri, verify, num_readers, read_chunk_size, defeat_cache, progress, target)
-        executor = self._ensure_executor()
-        offset = 0
-        async with stream:
-            async for view in stream:
-                if target is not None:
-                    await run_blocking(executor, _copy, target[offset : offset + len(view)], view)
-                offset += len(view)
-        return stream.result
-
-    def iter_load(
-        self,
-        uri: str | os.PathLike[str],
-        *,
-        verify: bool | str = True,
-        num_readers: int | None = None,
-        read_chunk_size: int | None = None,
-        defeat_cache: bool = True,
-        progress: ProgressFn | None = None,
-    ) -> LoadStream:
-        """Stream a checkpoint as verified memoryviews, in order, each valid until the next."""
-        return self._stream(uri, verify, num_readers, read_chunk_size, defeat_cache, progress, None)
-
-    def _stream(
-        self,
-        uri: str | os.PathLike[str],
-        verify: object,
-        num_readers: int | None,
-        read_chunk_size: int | None,
-        defeat_cache: bool,
-        progress: ProgressFn | None,
-        into: memoryview | None,
-    ) -> LoadStream:
-        mode = verify_mode(verify)
-        cfg = self.config
-        chunk = cfg.chunk_size if read_chunk_size is None else read_chunk_size
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < ALIGN or chunk % ALIGN:
-            raise ConfigError(f"read_chunk_size must be a positive multiple of {ALIGN}, got {chunk!r}")
-        if chunk > cfg.chunk_size:
-            raise ConfigError(
-                f"read_chunk_size={chunk} exceeds the pool's chunk_size={cfg.chunk_size}: "
-                "reads land in pooled buffers"
-            )
-        sink = self._new_sink(os.fspath(uri))
-        sink.check()
-        readers = num_readers
-        if readers is None:
-            readers = cfg.max_in_flight or min(sink.default_in_flight, cfg.num_buffers)
-        if isinstance(readers, bool) or not isinstance(readers, int) or not 1 <= readers <= cfg.num_buffers:
-            raise ConfigError(
-                f"num_readers must be an integer in 1..num_buffers={cfg.num_buffers} (each read holds a "
-                f"buffer), got {num_readers!r}"
-            )
-        state = LoadState(verify_mode=mode)
-        gen = self._iterate(sink, state, chunk, readers, defeat_cache, progress, into)
-        return LoadStream(gen, state)
-
-    async def _iterate(
-        self,
-        sink: Sink,
-        state: LoadState,
-        read_chunk: int,
-        readers: int,
-        defeat_cache: bool,
-        progress: ProgressFn | None,
-        into: memoryview | None,
-    ) -> AsyncGenerator[memoryview, None]:
-        uri = state.uri = sink.uri
-        await self._import_for(uri)  # iter_load made its sink synchronously: a library it defers
-        state.backend = sink.backend
-        msink: Sink | None = None
-        verifier: Verifier | None = None
+            if await state_manifest(sink, size, sink.uri) is not None:
+                return "checkpoint"
+        except IntegrityError:
+            return "checkpoint"  # our footer or header, damaged: still ours to replace
+        sidecar = await storage.handle(manifest_uri(sink.uri))
         try:
-            async with self._lock:
-                isolated = isinstance(reader := unwrap(sink), ProcessSink)
-                pool = await self._ensure_pool(shared=isolated)
-                if isinstance(reader, ProcessSink) and isinstance(pool, SharedBufferPool):
-                    reader.attach_arena(pool.arena)  # reads land in the arena, not in pipe messages
-                pool.reset_stats()
-                executor = self._ensure_executor()
-                async with LoopMonitor(self.config.monitor_interval, sink=sink) as monitor:
-                    t0 = now()
-                    # opened first: a file load then reads one version even if a save replaces it
-                    await sink.open_read(defeat_cache=defeat_cache)
-                    object_size = await sink.size()
-                    manifest = await read_sealed(sink, object_size, uri)
-                    if manifest is None:  # a save_state object: its header holds the checksums
-                        manifest = await state_manifest(sink, object_size, uri)
-                    if manifest is None:  # a save of asyncckpt < 0.2: the manifest is a sidecar
-                        msink = await self._sink(manifest_uri(uri))
-                        manifest = await read_manifest(msink, uri)
-                        state.identity_note = identity_note(manifest, sink.describe(), uri)
-                        check_size(manifest, object_size, uri, state.identity_note)
-                    state.manifest, state.size = manifest, manifest.size
-                    if into is not None and len(into) < state.size:
-                        raise ConfigError(f"into= holds {len(into)} bytes; {uri!r} has {state.size}")
-                    verifier = make_verifier(state.verify_mode, manifest, threads=self._budget.threads)
-                    state.open_s = now() - t0
-                    views = stream_views(
-                        uri=uri,
-                        sink=sink,
-                        pool=pool,
-                        executor=executor,
-                        manifest=manifest,
-                        verifier=verifier,
-                        state=state,
-                        read_chunk=read_chunk,
-                        num_readers=readers,
-                        threads=self._budget.threads,
-                        progress=progress,
-                    )
-                    # aclosing: when this generator is closed early (caller left the loop or was
-                    # cancelled) the inner one closes *now*, reclaiming its buffers, rather than
-                    # whenever the event loop gets round to finalizing it
-                    async with contextlib.aclosing(views):
-                        async for view in views:
-                            yield view
-                    state.sink_facts = sink.describe()
-                    t_close = now()
-                    await sink.aclose()
-                    t_end = now()
-                state.regen_s = float(getattr(verifier, "regen_s", 0.0))
-                state.result = self._load_result(state, readers, monitor, t0, t_close, t_end)
+            await sidecar.size()
+            return "checkpoint"
+        except TargetNotFoundError:
+            return "foreign"
         finally:
-            if verifier is not None:
-                verifier.close()
-            await sink.aclose()
-            if msink is not None:
-                await msink.aclose()
+            await sidecar.aclose()
+    finally:
+        await sink.aclose()
 
-    def _load_result(
-        self, state: LoadState, readers: int, monitor: LoopMonitor, t0: float, t_close: float, t_end: float
-    ) -> LoadResult:
-        recs, m, facts = state.records, state.manifest, dict(state.sink_facts)
-        assert m is not None
-        threads = self._budget.threads if state.verify_mode == "regenerate" else None
-        facts.update(
-            verify=state.verify_mode,
-            num_readers=readers,
-            manifest_chunk_size=m.chunk_size,
-            manifest_generator=m.generator,
-            regenerate_s=state.regen_s,
+
+async def load(
+    rt: Runtime,
+    storage: StorageRouter,
+    uri: str | os.PathLike[str],
+    *,
+    verify: bool | str = True,
+    num_readers: int | None = None,
+    read_chunk_size: int | None = None,
+    into: Any = None,
+    defeat_cache: bool = True,
+    progress: ProgressFn | None = None,
+) -> LoadResult:
+    """Read a checkpoint back (verified against its manifest); see ``AsyncCheckpointer.load``."""
+    target = _writable(into) if into is not None else None
+    await storage.prepare(uri)
+    executor = rt.executor()
+    offset = 0
+
+    async def take(view: memoryview) -> None:
+        nonlocal offset
+        if target is not None:
+            await run_blocking(executor, _copy, target[offset : offset + len(view)], view)
+        offset += len(view)
+
+    return await read(
+        rt, storage, uri, take, verify=verify, num_readers=num_readers, read_chunk_size=read_chunk_size,
+        defeat_cache=defeat_cache, progress=progress, into_size=len(target) if target is not None else None,
+    )  # fmt: skip
+
+
+async def read(
+    rt: Runtime,
+    storage: StorageRouter,
+    uri: str | os.PathLike[str],
+    take: Callable[[memoryview], Awaitable[None]],
+    *,
+    verify: bool | str = True,
+    num_readers: int | None = None,
+    read_chunk_size: int | None = None,
+    defeat_cache: bool = True,
+    progress: ProgressFn | None = None,
+    known: Known | None = None,
+    into_size: int | None = None,
+) -> LoadResult:
+    """Stream ``uri`` through ``take`` (each view valid only during the call) and return the
+    measurement: the body of ``load`` and of the state loads."""
+    stream = open_stream(
+        rt, storage, uri, verify, num_readers, read_chunk_size, defeat_cache, progress, known, into_size
+    )
+    async with stream:
+        async for view in stream:
+            await take(view)
+    return stream.result
+
+
+def read_args(
+    rt: Runtime, sink: Sink, num_readers: int | None, read_chunk_size: int | None
+) -> tuple[int, int]:
+    """Validated (readers, read chunk size), before any I/O: one rule for every load."""
+    cfg = rt.config
+    chunk = cfg.chunk_size if read_chunk_size is None else read_chunk_size
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < ALIGN or chunk % ALIGN:
+        raise ConfigError(f"read_chunk_size must be a positive multiple of {ALIGN}, got {chunk!r}")
+    if chunk > cfg.chunk_size:
+        raise ConfigError(
+            f"read_chunk_size={chunk} exceeds the pool's chunk_size={cfg.chunk_size}: "
+            "reads land in pooled buffers"
         )
-        if state.identity_note:
-            facts["identity_note"] = state.identity_note
-        setup = RunSetup(
-            backend=state.backend,
-            uri=state.uri,
-            chunk_size=recs[0].nbytes if len(recs) > 1 else max((r.nbytes for r in recs), default=0),
-            num_buffers=self.config.num_buffers,
-            pool_bytes=self.config.pool_bytes,
-            max_in_flight=readers,
-            generator=m.generator,
-            seed=m.seed,
-            gen_threads=threads,
-            gen_threads_requested=threads,
-            fsync=False,
+    readers = num_readers
+    if readers is None:
+        readers = cfg.max_in_flight or min(sink.default_in_flight, cfg.num_buffers)
+    if isinstance(readers, bool) or not isinstance(readers, int) or not 1 <= readers <= cfg.num_buffers:
+        raise ConfigError(
+            f"num_readers must be an integer in 1..num_buffers={cfg.num_buffers} (each read holds a "
+            f"buffer), got {num_readers!r}"
         )
-        run = run_fields(
-            setup,
-            self._budget,
-            facts,
-            monitor,
-            recs,
-            label_loads(recs, readers),
-            method="streaming",
-            size=state.size,
-            open_s=state.open_s,
-            close_s=t_end - t_close,
-            wall_s=t_end - t0,
-            close_detail={},
-            cpu_stages={"verify": sum(r.verify_cpu_s for r in recs)} if state.verify_mode != "none" else {},
-        )
-        return LoadResult.from_records(recs, **run)
+    return readers, chunk
+
+
+def open_stream(
+    rt: Runtime,
+    storage: StorageRouter,
+    uri: str | os.PathLike[str],
+    verify: object,
+    num_readers: int | None,
+    read_chunk_size: int | None,
+    defeat_cache: bool,
+    progress: ProgressFn | None,
+    known: Known | None = None,
+    into_size: int | None = None,
+) -> LoadStream:
+    """Check the arguments (before any I/O) and return the stream of verified views."""
+    mode = verify_mode(verify) if known is None else ("checksum" if known.verify else "none")
+    sink = storage.handle_nowait(os.fspath(uri))
+    sink.check()
+    readers, chunk = read_args(rt, sink, num_readers, read_chunk_size)
+    state = LoadState(verify_mode=mode)
+    gen = _iterate(rt, storage, sink, state, chunk, readers, defeat_cache, progress, known, into_size)
+    return LoadStream(gen, state)
+
+
+async def _find_manifest(
+    storage: StorageRouter, sink: Sink, state: LoadState, object_size: int, closing: list[Sink]
+) -> Manifest:
+    """The object's manifest: sealed footer, safetensors header, or an old save's sidecar."""
+    uri = sink.uri
+    manifest = await read_sealed(sink, object_size, uri)
+    if manifest is None:  # a save_state object: its header holds the checksums
+        manifest = await state_manifest(sink, object_size, uri)
+    if manifest is None:  # a save of asyncckpt < 0.2: the manifest is a sidecar
+        msink = await storage.handle(manifest_uri(uri))
+        closing.append(msink)
+        manifest = await read_manifest(msink, uri)
+        state.identity_note = identity_note(manifest, sink.describe(), uri)
+        check_size(manifest, object_size, uri, state.identity_note)
+    return manifest
+
+
+async def _iterate(
+    rt: Runtime,
+    storage: StorageRouter,
+    sink: Sink,
+    state: LoadState,
+    read_chunk: int,
+    readers: int,
+    defeat_cache: bool,
+    progress: ProgressFn | None,
+    known: Known | None,
+    into_size: int | None,
+) -> AsyncGenerator[memoryview, None]:
+    uri = state.uri = sink.uri
+    await storage.prepare(uri)  # the handle was made synchronously: a library it defers
+    state.backend = sink.backend
+    closing: list[Sink] = []
+    verifier: Verifier | None = None
+    try:
+        async with rt.lock:
+            # capability, not type: a writer process reads into the shared arena, not pipe messages
+            isolated = sink.uses_shared_arena
+            pool = await rt.pool(shared=isolated)
+            if isolated and isinstance(pool, SharedBufferPool):
+                sink.attach_arena(pool.arena)
+            pool.reset_stats()
+            executor = rt.executor()
+            async with LoopMonitor(rt.config.monitor_interval, sink=sink) as monitor:
+                t0 = now()
+                # opened first: a file load then reads one version even if a save replaces it
+                await sink.open_read(defeat_cache=defeat_cache)
+                object_size = await sink.size()
+                if known is None:
+                    manifest = await _find_manifest(storage, sink, state, object_size, closing)
+                else:
+                    if object_size != known.size:
+                        raise IntegrityError(
+                            f"{uri!r} changed during the load: {object_size} bytes now, {known.size} when "
+                            "its header was read"
+                        )
+                    manifest = known.manifest
+                state.manifest, state.size = manifest, manifest.size
+                if into_size is not None and into_size < state.size:
+                    raise ConfigError(f"into= holds {into_size} bytes; {uri!r} has {state.size}")
+                verifier = make_verifier(state.verify_mode, manifest, threads=rt.budget.threads)
+                state.open_s = now() - t0
+                views = stream_views(
+                    uri=uri,
+                    sink=sink,
+                    pool=pool,
+                    executor=executor,
+                    manifest=manifest,
+                    verifier=verifier,
+                    state=state,
+                    read_chunk=read_chunk,
+                    num_readers=readers,
+                    threads=rt.budget.threads,
+                    progress=progress,
+                )
+                # aclosing: when this generator is closed early (caller left the loop or was
+                # cancelled) the inner one closes *now*, reclaiming its buffers, rather than
+                # whenever the event loop gets round to finalizing it
+                async with contextlib.aclosing(views):
+                    async for view in views:
+                        yield view
+                state.sink_facts = sink.describe()
+                t_close = now()
+                await sink.aclose()
+                t_end = now()
+            state.regen_s = float(getattr(verifier, "regen_s", 0.0))
+            state.result = _load_result(rt, state, readers, monitor, t0, t_close, t_end)
+    finally:
+        if verifier is not None:
+            verifier.close()
+        await sink.aclose()
+        for extra in closing:
+            await extra.aclose()
+
+
+def _load_result(
+    rt: Runtime, state: LoadState, readers: int, monitor: LoopMonitor, t0: float, t_close: float, t_end: float
+) -> LoadResult:
+    recs, m, facts = state.records, state.manifest, dict(state.sink_facts)
+    assert m is not None
+    threads = rt.budget.threads if state.verify_mode == "regenerate" else None
+    facts.update(
+        verify=state.verify_mode,
+        num_readers=readers,
+        manifest_chunk_size=m.chunk_size,
+        manifest_generator=m.generator,
+        regenerate_s=state.regen_s,
+    )
+    if state.identity_note:
+        facts["identity_note"] = state.identity_note
+    setup = RunSetup(
+        backend=state.backend,
+        uri=state.uri,
+        chunk_size=recs[0].nbytes if len(recs) > 1 else max((r.nbytes for r in recs), default=0),
+        num_buffers=rt.config.num_buffers,
+        pool_bytes=rt.config.pool_bytes,
+        max_in_flight=readers,
+        generator=m.generator,
+        seed=m.seed,
+        gen_threads=threads,
+        gen_threads_requested=threads,
+        fsync=False,
+    )
+    run = run_fields(
+        setup,
+        rt.budget,
+        facts,
+        monitor,
+        recs,
+        label_loads(recs, readers),
+        method="streaming",
+        size=state.size,
+        open_s=state.open_s,
+        close_s=t_end - t_close,
+        wall_s=t_end - t0,
+        close_detail={},
+        cpu_stages={"verify": sum(r.verify_cpu_s for r in recs)} if state.verify_mode != "none" else {},
+    )
+    return LoadResult.from_records(recs, **run)

@@ -6,15 +6,7 @@ Plain data only: everything below this layer produces these, everything above re
 from __future__ import annotations
 
 from .metrics import ChunkRecord, ReadRecord
-from .records import (
-    LoadResult,
-    Result,
-    RunMetadata,
-    RunResult,
-    RunSetup,
-    SaveResult,
-    result_from_dict,
-)
+from .records import LoadResult, Result, RunMetadata, RunResult, RunSetup, SaveResult, result_from_dict
 
 __all__ = [
     "ChunkRecord",

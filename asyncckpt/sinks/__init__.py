@@ -1,88 +1,23 @@
-"""Sinks by URI scheme. Unknown schemes get a clear error naming the known ones."""
+"""Storage: one small sink class per backend, a store per backend, and the router that turns a
+URI into a watched handle. Outside this package storage is asked by capability, never by
+backend name or URI scheme."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import Executor
-from urllib.parse import urlsplit
-
-from ..errors import ConfigError, UnsupportedSchemeError
 from .base import Sink, SinkOptions
 from .file import FileSink, path_from_uri
 from .memory import MEMORY_STORE, MemorySink, NullSink
-from .s3 import S3_BACKENDS, auto_backend, factory, make_auto, sink_class
-
-SinkFactory = Callable[..., Sink]
-
-#: backend name → factory; object-store backends register here too
-BACKENDS: dict[str, SinkFactory] = {
-    "file": FileSink,
-    "null": NullSink,
-    "memory": MemorySink,
-    "s3": make_auto,  # s3dlio when installed, else aiobotocore
-    **{name: factory(name) for name in S3_BACKENDS},
-}
-#: URI scheme → default backend name
-SCHEMES: dict[str, str] = {"": "file", "file": "file", "null": "null", "memory": "memory", "s3": "s3"}
-
-
-def register_backend(name: str, factory: SinkFactory, *, scheme: str | None = None) -> None:
-    """Add a backend (and optionally make it the default for a URI scheme)."""
-    BACKENDS[name] = factory
-    if scheme is not None:
-        SCHEMES[scheme] = name
-
-
-def scheme_of(uri: str) -> str:
-    """The URI scheme, or "" for a plain path (including Windows-looking drive letters)."""
-    if "://" not in uri and not uri.startswith("file:"):
-        return ""
-    return urlsplit(uri).scheme.lower()
-
-
-def resolve_backend(uri: str, backend: str | None = None) -> str:
-    """The name of the library that will serve ``uri``: explicit, else the scheme's default.
-
-    ``s3`` (the scheme's default, or asked for by name) is resolved here to the S3 library that
-    is installed, so every decision taken from the name (isolation above all: s3dlio's runtime
-    must not run in the caller) sees the library that will really run.
-    """
-    scheme = scheme_of(uri)
-    if scheme not in SCHEMES:
-        known = ", ".join(f"{s}://" for s in sorted(SCHEMES) if s) + ", or a plain path"
-        raise UnsupportedSchemeError(f"unsupported URI scheme {scheme!r} in {uri!r}; use {known}")
-    if backend is not None and backend not in BACKENDS:
-        raise UnsupportedSchemeError(
-            f"unknown backend {backend!r}; choose one of {', '.join(sorted(BACKENDS))}"
-        )
-    name = SCHEMES[scheme] if backend is None else backend
-    return auto_backend() if name == "s3" else name
-
-
-def backend_class(name: str) -> type[Sink]:
-    """The sink class behind backend ``name`` (resolved by :func:`resolve_backend`), whose class
-    attributes are its capabilities (``default_in_flight``, ...). Imports asyncckpt's module for
-    it, never the client library itself."""
-    if name in S3_BACKENDS:
-        return sink_class(name)
-    factory = BACKENDS[name]
-    if not (isinstance(factory, type) and issubclass(factory, Sink)):
-        raise ConfigError(f"backend {name!r} is registered as a factory, not a Sink class")
-    return factory
-
-
-def import_backend(name: str) -> None:
-    """Import the module and client library of backend ``name`` (blocking: ``import s3dlio``
-    takes over a second, so a checkpointer does it in a thread before its first sink)."""
-    if name in S3_BACKENDS:
-        sink_class(name).import_library()  # a sink module may defer its library
-
-
-def make_sink(uri: str, *, backend: str | None, executor: Executor, options: SinkOptions) -> Sink:
-    """Instantiate the sink for ``uri`` (no I/O happens here)."""
-    name = resolve_backend(uri, backend)
-    return BACKENDS[name](uri, executor=executor, options=options)
-
+from .registry import (
+    BACKENDS,
+    SCHEMES,
+    backend_class,
+    import_backend,
+    make_sink,
+    register_backend,
+    resolve_backend,
+    scheme_of,
+)
+from .router import Routing, StorageRouter
 
 __all__ = [
     "BACKENDS",
@@ -91,9 +26,12 @@ __all__ = [
     "FileSink",
     "MemorySink",
     "NullSink",
+    "Routing",
     "Sink",
     "SinkOptions",
+    "StorageRouter",
     "backend_class",
+    "import_backend",
     "make_sink",
     "path_from_uri",
     "register_backend",

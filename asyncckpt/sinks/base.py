@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..cpu import CpuCounters, CpuTally
 from ..errors import ConfigError
+from .isolation.shm import SharedArena
 from .store import Shared
 
 if TYPE_CHECKING:
@@ -60,6 +61,27 @@ class Sink(ABC):
     needs_isolation: ClassVar[bool] = False
     #: whether writes can bypass the page cache (O_DIRECT)
     supports_direct_io: ClassVar[bool] = False
+    #: whether chunks must lie in a shared-memory arena (a writer process reads them there):
+    #: the engine then builds its pool in shared memory and calls :meth:`attach_arena`
+    uses_shared_arena: ClassVar[bool] = False
+    #: whether :meth:`kill` can stop a stuck call (a process can be killed, a thread cannot)
+    stoppable: ClassVar[bool] = False
+    #: whether the bytes stay in this process's memory (nothing to stall on)
+    in_process_memory: ClassVar[bool] = False
+    #: whether names under a URI form directories that exist on their own (files), rather than
+    #: being prefixes of object keys (object stores): step directories are made and removed
+    has_directories: ClassVar[bool] = False
+    #: whether objects under a URI can be listed (step directories need it)
+    can_list: ClassVar[bool] = False
+
+    @classmethod
+    def check_root(cls, uri: str) -> None:
+        """Refuse ``uri`` as the root of step directories, before any I/O, if it cannot be one."""
+        if not cls.can_list:
+            raise ConfigError(f"step directories need a backend that lists objects; {cls.backend!r} cannot")
+
+    async def make_directory(self) -> None:  # noqa: B027 - optional hook
+        """Create this URI as a directory, parents included (``has_directories`` backends)."""
 
     def writes_in_flight(self) -> int:
         """After ``open``: writes to keep in flight when the caller does not say. The class's
@@ -85,6 +107,13 @@ class Sink(ABC):
         #: what this backend's objects share (clients, settings): the store's, else private
         self.shared = store.shared if store is not None else Shared()
         self._owns_shared = store is None
+
+    def attach_arena(self, arena: SharedArena) -> None:  # noqa: B027 - optional hook
+        """Chunks of the next operation travel as offsets in ``arena`` (``uses_shared_arena``
+        handles only; the others read and write the buffers they are given)."""
+
+    async def kill(self, why: str) -> None:  # noqa: B027 - optional hook
+        """Stop whatever runs this handle's calls, now (``stoppable`` handles only)."""
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Start what the sink runs on (a writer process), no storage I/O; idempotent. The

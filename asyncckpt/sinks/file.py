@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import errno
 import fcntl
+import functools
 import logging
 import mmap
 import os
@@ -18,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ClassVar, ParamSpec, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from ..blocking import run_blocking
@@ -81,6 +82,17 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 class FileSink(Sink):
     """One checkpoint file."""
+
+    has_directories: ClassVar[bool] = True
+    can_list: ClassVar[bool] = True
+
+    @classmethod
+    def check_root(cls, uri: str) -> None:
+        if path_from_uri(uri).is_file():
+            raise ConfigError(f"root {uri!r} is a file, not a directory of steps")
+
+    async def make_directory(self) -> None:
+        await run_blocking(self.executor, functools.partial(self.path.mkdir, parents=True, exist_ok=True))
 
     backend = "file"
     # writes (and, for a load, reads) in flight: one left a quarter of the device unused

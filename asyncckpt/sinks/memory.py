@@ -19,6 +19,8 @@ MEMORY_STORE: dict[str, bytes] = {}
 class NullSink(Sink):
     """Accepts every write and keeps nothing (``null://anything``)."""
 
+    in_process_memory: ClassVar[bool] = True
+
     backend = "null"
     default_in_flight = 1
 
@@ -55,6 +57,8 @@ class NullSink(Sink):
 
 class MemorySink(Sink):
     """Keeps the object in :data:`MEMORY_STORE` (``memory://name``); visible at complete."""
+
+    in_process_memory: ClassVar[bool] = True
 
     backend = "memory"
     default_in_flight: ClassVar[int] = 2

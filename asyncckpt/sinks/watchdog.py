@@ -28,13 +28,12 @@ from ..cpu import CpuCounters
 from ..errors import StallError
 from ..sources.base import GenSpec
 from .base import InPlaceWrite, Sink
-from .isolation.process_sink import ProcessSink
+from .isolation.shm import SharedArena
 
 T = TypeVar("T")
 log = logging.getLogger("asyncckpt")
 CLEANUP_SHARE = 0.5  # of stall_timeout, for abort/aclose (together, after a stall)
 _CLEANUP = frozenset({"abort", "close"})
-IN_MEMORY = frozenset({"null", "memory"})
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -141,18 +140,25 @@ class WatchedSink(Sink):
         self.inner = inner
         setattr(self, "backend", inner.backend)  # noqa: B010 - instance value shadows the class default
         setattr(self, "default_in_flight", inner.default_in_flight)  # noqa: B010
+        # capabilities are the watched handle's: asked of the wrapper, answered for it
+        setattr(self, "uses_shared_arena", inner.uses_shared_arena)  # noqa: B010
+        setattr(self, "stoppable", inner.stoppable)  # noqa: B010
+        setattr(self, "has_directories", inner.has_directories)  # noqa: B010
         self.watchdog = Watchdog(stall_timeout, f"{inner.uri} ({inner.backend})", self._on_stall)
         self._owner_on_stall = on_stall
 
     def _on_stall(self) -> None:
-        if isinstance(self.inner, ProcessSink):  # a process, unlike a thread, can be stopped
+        if self.inner.stoppable:  # a process, unlike a thread, can be stopped
             task = asyncio.ensure_future(self.inner.kill("the stall watchdog gave up on it"))
             task.add_done_callback(_retrieve)
         if self._owner_on_stall is not None:
             self._owner_on_stall()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)  # ProcessSink.attach_arena, S3 sink facts, ...
+    def attach_arena(self, arena: SharedArena) -> None:
+        self.inner.attach_arena(arena)
+
+    async def kill(self, why: str) -> None:
+        await self.inner.kill(why)
 
     def writes_in_flight(self) -> int:
         return self.inner.writes_in_flight()
@@ -225,7 +231,7 @@ class WatchedSink(Sink):
 def watch(sink: Sink, stall_timeout: float, on_stall: Callable[[], None] | None = None) -> Sink:
     """``sink`` under a watchdog, unless it keeps bytes in this process's memory (cannot stall;
     a watched call yields to the loop, which would let other work into its timed interval)."""
-    if sink.backend in IN_MEMORY and not isinstance(sink, ProcessSink):
+    if sink.in_process_memory:
         return sink
     return WatchedSink(sink, stall_timeout, on_stall)
 

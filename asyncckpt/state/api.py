@@ -15,34 +15,22 @@ view is scattered into the destination arrays (fresh, or the caller's with ``int
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import Any
 
 from .. import modes
 from ..blocking import Offload, run_blocking
-from ..config import ALIGN
-from ..engine.load import LoadsMixin, ProgressFn
-from ..engine.loader import LoadState, stream_views
+from ..engine import chunks, dtypes
+from ..engine.header import asyncckpt_metadata, read_prefix
+from ..engine.load import Known, ProgressFn, read, read_args
 from ..engine.manifest import Manifest
-from ..engine.monitor import LoopMonitor, now
-from ..engine.verify import ChecksumVerifier
-from ..errors import ChecksumMismatchError, ConfigError, IntegrityError
-from ..results.records import LoadResult, SaveResult
-from ..sinks.isolation import SharedBufferPool
-from ..sinks.isolation.process_sink import ProcessSink
-from ..sources import CallerData
-from . import chunks, dtypes
-from .arrays import Destination, SaveTensor, allocate, bind, prepare
-from .flatten import Leaf, flatten, path_text, unflatten
-from .header import asyncckpt_metadata, read_prefix
-from .results import StagedSave, StateLoadResult, StateSaveResult
-from .safetensors_format import (
+from ..engine.monitor import now
+from ..engine.runtime import Runtime
+from ..engine.safetensors_format import (
     FORMAT_VALUE,
     K_CHUNK,
     K_CRCS,
@@ -53,6 +41,14 @@ from .safetensors_format import (
     build_header,
     header_crc_ok,
 )
+from ..engine.save import save_object
+from ..errors import ChecksumMismatchError, ConfigError, IntegrityError
+from ..results.records import SaveResult
+from ..sinks.isolation import SharedBufferPool
+from ..sinks.router import StorageRouter
+from .arrays import Destination, SaveTensor, allocate, bind, prepare
+from .flatten import Leaf, flatten, path_text, unflatten
+from .results import StagedSave, StateLoadResult, StateSaveResult
 from .staging import StagingArea, copy_bytes, copy_shared, share_copies
 
 log = logging.getLogger("asyncckpt")
@@ -146,382 +142,233 @@ def _copy_pieces(pieces: list[tuple[memoryview, memoryview]]) -> None:
         copy_bytes(dst, src)
 
 
-class StateMixin(LoadsMixin):
-    """State-dict saves and loads; the host class provides ``save`` and the load machinery."""
+async def close_staging(area: StagingArea) -> None:
+    """Wait for a background staged save, then free the staging area (``aclose``)."""
+    if area.pending is not None:
+        await asyncio.wait([area.pending])
+    await run_blocking(Offload(1), area.close)  # unmapping: off the loop thread
 
-    async def save(
-        self,
-        uri: str | os.PathLike[str],
-        size: int | None = None,
-        *,
-        data: CallerData | None = None,
-        method: modes.SaveMethod = "streaming",
-        progress: ProgressFn | None = None,
-        expect_crc32c: Sequence[int] | None = None,
-    ) -> SaveResult:
-        raise NotImplementedError
 
-    async def _save_object(
-        self,
-        uri: str | os.PathLike[str],
-        size: int | None,
-        data: CallerData | None,
-        method: modes.SaveMethod,
-        progress: ProgressFn | None,
-        expect_crc32c: Sequence[int] | None,
-        *,
-        in_place: bool,
-    ) -> SaveResult:
-        raise NotImplementedError
+# -- saving ----------------------------------------------------------------------------
+async def save_state(
+    rt: Runtime,
+    storage: StorageRouter,
+    area: StagingArea,
+    uri: str | os.PathLike[str],
+    state: Mapping[Any, Any],
+    *,
+    staging: modes.StagingMode | str = "none",
+    metadata: Mapping[str, str] | None = None,
+    progress: ProgressFn | None = None,
+) -> StateSaveResult | StagedSave:
+    """Save a nested state as one safetensors object; see ``AsyncCheckpointer.save_state``."""
+    staging = modes.parse("staging", staging, modes.StagingMode, fold=False)
+    target = _uri(uri)
+    t0 = now()  # the caller is blocked from here (the target's check included)
+    await _check_target(storage, target)
+    if staging == "host":
+        return await _save_staged(rt, storage, area, target, state, metadata, progress, t0)
+    executor = rt.executor()
+    chunk = rt.config.chunk_size
+    # in a thread: a state of 10 000 tensors takes 0.2 s to lay out, the loop's time else
+    p = await run_blocking(executor, plan, target, state, chunk, metadata)
+    copied = tuple(t.leaf.name for t in p.tensors if not t.contiguous)
+    views, (prefix, expected, prepass) = await run_blocking(executor, _views_and_header, p, chunk)
+    data = [memoryview(prefix), *views]
+    saved = await save_object(
+        rt, storage, target, p.size, data, "streaming", progress, expected, in_place=False
+    )
+    return _state_result(p, "none", now() - t0, 0.0, 0.0, prepass, copied, saved)
 
-    def _cpu_executor(self) -> Executor:
-        raise NotImplementedError
 
-    @property
-    def _staging_area(self) -> StagingArea:
-        area = self.__dict__.get("_state_staging")
-        if area is None:
-            area = self.__dict__["_state_staging"] = StagingArea()
-        assert isinstance(area, StagingArea)
-        return area
+async def reserve_staging(
+    rt: Runtime, area: StagingArea, state: Mapping[Any, Any], *, metadata: Mapping[str, str] | None = None
+) -> int:
+    """Make the ``staging="host"`` area big enough for ``state``, its pages faulted in, in a
+    worker thread; the area's size in bytes (see ``AsyncCheckpointer.reserve_staging``)."""
+    chunk = rt.config.chunk_size
 
-    async def _close_state(self) -> None:
-        """Wait for a background staged save, then free the staging area (``aclose``)."""
-        area = self.__dict__.get("_state_staging")
-        if isinstance(area, StagingArea):
-            if area.pending is not None:
-                await asyncio.wait([area.pending])
-            await run_blocking(Offload(1), area.close)  # unmapping: off the loop thread
+    def lay_out_and_fault() -> int:
+        p = plan("<staging area>", state, chunk, metadata)
+        return area.reserve(p.size + STAGING_SLACK)
 
-    # -- saving ------------------------------------------------------------------------
-    @overload
-    async def save_state(
-        self,
-        uri: str | os.PathLike[str],
-        state: Mapping[Any, Any],
-        *,
-        staging: Literal["none"] = "none",
-        metadata: Mapping[str, str] | None = None,
-        progress: ProgressFn | None = None,
-    ) -> StateSaveResult: ...
+    async with area.claimed():
+        return await run_blocking(rt.executor(), lay_out_and_fault)
 
-    @overload
-    async def save_state(
-        self,
-        uri: str | os.PathLike[str],
-        state: Mapping[Any, Any],
-        *,
-        staging: Literal["host"],
-        metadata: Mapping[str, str] | None = None,
-        progress: ProgressFn | None = None,
-    ) -> StagedSave: ...
 
-    @overload
-    async def save_state(
-        self,
-        uri: str | os.PathLike[str],
-        state: Mapping[Any, Any],
-        *,
-        staging: modes.StagingMode | str,
-        metadata: Mapping[str, str] | None = None,
-        progress: ProgressFn | None = None,
-    ) -> StateSaveResult | StagedSave: ...
+async def _check_target(storage: StorageRouter, uri: str) -> None:
+    sink = await storage.handle(uri)
+    try:
+        sink.check()
+    finally:
+        await sink.aclose()
 
-    async def save_state(
-        self,
-        uri: str | os.PathLike[str],
-        state: Mapping[Any, Any],
-        *,
-        staging: modes.StagingMode | str = "none",
-        metadata: Mapping[str, str] | None = None,
-        progress: ProgressFn | None = None,
-    ) -> StateSaveResult | StagedSave:
-        """Save a nested state (arrays, tensors, JSON scalars) as one safetensors object.
 
-        ``staging="none"``: the arrays are streamed from their own memory (memory: the pool);
-        they must not change until this returns (a change is detected and nothing is
-        published). ``staging="host"``: they are copied into a reusable staging area and a
-        :class:`StagedSave` is returned at once; ``await`` it for the durable result.
-        """
-        staging = modes.parse("staging", staging, modes.StagingMode, fold=False)
-        target = _uri(uri)
-        t0 = now()  # the caller is blocked from here (the target's check included)
-        await self._check_target(target)
-        if staging == "host":
-            return await self._save_staged(target, state, metadata, progress, t0)
-        executor = self._ensure_executor()
-        # in a thread: a state of 10 000 tensors takes 0.2 s to lay out, the loop's time else
-        p = await run_blocking(executor, plan, target, state, self.config.chunk_size, metadata)
-        copied = tuple(t.leaf.name for t in p.tensors if not t.contiguous)
-        views, (prefix, expected, prepass) = await run_blocking(
-            executor, _views_and_header, p, self.config.chunk_size
+async def _save_staged(
+    rt: Runtime,
+    storage: StorageRouter,
+    area: StagingArea,
+    uri: str,
+    state: object,
+    metadata: Mapping[str, str] | None,
+    progress: ProgressFn | None,
+    t0: float,
+) -> StagedSave:
+    t_wait = now()
+    async with area.claimed():  # one copy into the area at a time; then busy until written
+        return await _stage_and_write(rt, storage, area, uri, state, metadata, progress, t0, now() - t_wait)
+
+
+async def _stage_and_write(
+    rt: Runtime,
+    storage: StorageRouter,
+    area: StagingArea,
+    uri: str,
+    state: object,
+    metadata: Mapping[str, str] | None,
+    progress: ProgressFn | None,
+    t0: float,
+    waited: float,
+) -> StagedSave:
+    chunk = rt.config.chunk_size
+    threads = rt.budget.blocked_threads  # the caller waits for this copy: every core of its share
+
+    def lay_out() -> tuple[_Plan, memoryview, list[list[tuple[Any, ...]]], float]:
+        """Plan, area and the copies shared out, in one thread hop (each costs 0.2-1.5 ms
+        here); a small state is copied here too."""
+        p = plan(uri, state, chunk, metadata)
+        view = area.ensure(p.size)
+        started = now()
+        bins = share_copies(p.tensors, [p.data_start + e.start for e in p.entries], view, threads)
+        return p, view, bins, now() - started
+
+    p, view, bins, inline_s = await run_blocking(rt.executor(), lay_out)
+    t_copy = now()
+    await copy_shared(bins, rt.executor())
+    copied = tuple(t.leaf.name for t in p.tensors if not t.contiguous)
+    blocked = now() - t0
+    copy_s = inline_s + now() - t_copy
+
+    async def write() -> StateSaveResult:
+        data = [view[p.data_start : p.size]]
+        # the checksum pass is CPU-only background work: on the lowered CPU lane, so the
+        # training's own threads keep their cores (asyncckpt.priority)
+        prefix, expected, prepass = await run_blocking(rt.cpu_executor(), finish_header, p, data, chunk)
+        view[: p.data_start] = prefix
+        # written from the area itself: no pool copy, and the pre-pass CRCs are the chunks'
+        saved = await save_object(
+            rt, storage, uri, p.size, view, "streaming", progress, expected, in_place=True
         )
-        saved = await self.save(
-            target, p.size, data=[memoryview(prefix), *views], progress=progress, expect_crc32c=expected
-        )
-        return self._state_result(p, "none", now() - t0, 0.0, 0.0, prepass, copied, saved)
+        return _state_result(p, "host", blocked, waited, copy_s, prepass, copied, saved)
 
-    async def reserve_staging(
-        self, state: Mapping[Any, Any], *, metadata: Mapping[str, str] | None = None
-    ) -> int:
-        """Make the ``staging="host"`` area big enough for ``state``, its pages faulted in, in a
-        worker thread; the area's size in bytes.
+    task = asyncio.create_task(write(), name=f"asyncckpt-staged-save {uri}")
+    task.add_done_callback(_log_failure)
+    area.pending = task
+    return StagedSave(task, uri=uri, blocked_s=blocked)
 
-        The first staged save otherwise allocates and faults the area while the caller waits
-        (a 1 GiB state: blocked 0.2-1.3 s, later saves about 0.1 s). Call it before training
-        starts; :class:`~asyncckpt.manager.CheckpointManager` does, in the background. A save
-        still writing from the area is waited for first.
-        """
-        area, chunk = self._staging_area, self.config.chunk_size
 
-        def lay_out_and_fault() -> int:
-            p = plan("<staging area>", state, chunk, metadata)
-            return area.reserve(p.size + STAGING_SLACK)
+def _state_result(
+    p: _Plan,
+    staging: modes.StagingMode,
+    blocked: float,
+    waited: float,
+    copy_s: float,
+    prepass: float,
+    copied: tuple[str, ...],
+    saved: SaveResult,
+) -> StateSaveResult:
+    return StateSaveResult(
+        uri=p.uri,
+        staging=staging,
+        blocked_s=blocked,
+        waited_s=waited,
+        copy_s=copy_s,
+        prepass_s=prepass,
+        tensors=len(p.tensors),
+        tensor_bytes=p.size - p.data_start,
+        header_bytes=p.data_start,
+        copied_contiguous=copied,
+        save=saved,
+    )
 
-        async with area.claimed():
-            return await run_blocking(self._ensure_executor(), lay_out_and_fault)
 
-    async def _check_target(self, uri: str) -> None:
-        sink = await self._sink(uri)
-        try:
-            sink.check()
-        finally:
-            await sink.aclose()
+# -- loading -----------------------------------------------------------------------------
+async def load_state(
+    rt: Runtime,
+    storage: StorageRouter,
+    uri: str | os.PathLike[str],
+    into: Mapping[Any, Any] | None = None,
+    *,
+    as_torch: bool = False,
+    verify: bool = True,
+    num_readers: int | None = None,
+    read_chunk_size: int | None = None,
+    defeat_cache: bool = True,
+    progress: ProgressFn | None = None,
+) -> StateLoadResult:
+    """Load a safetensors object into a nested state; see ``AsyncCheckpointer.load_state``.
 
-    async def _save_staged(
-        self,
-        uri: str,
-        state: object,
-        metadata: Mapping[str, str] | None,
-        progress: ProgressFn | None,
-        t0: float,
-    ) -> StagedSave:
-        area = self._staging_area
-        t_wait = now()
-        async with area.claimed():  # one copy into the area at a time; then busy until written
-            return await self._stage_and_write(area, uri, state, metadata, progress, t0, now() - t_wait)
-
-    async def _stage_and_write(
-        self,
-        area: StagingArea,
-        uri: str,
-        state: object,
-        metadata: Mapping[str, str] | None,
-        progress: ProgressFn | None,
-        t0: float,
-        waited: float,
-    ) -> StagedSave:
-        chunk = self.config.chunk_size
-        threads = self._budget.blocked_threads  # the caller waits for this copy: every core of its share
-
-        def lay_out() -> tuple[_Plan, memoryview, list[list[tuple[Any, ...]]], float]:
-            """Plan, area and the copies shared out, in one thread hop (each costs 0.2-1.5 ms
-            here); a small state is copied here too."""
-            p = plan(uri, state, chunk, metadata)
-            view = area.ensure(p.size)
-            started = now()
-            bins = share_copies(p.tensors, [p.data_start + e.start for e in p.entries], view, threads)
-            return p, view, bins, now() - started
-
-        p, view, bins, inline_s = await run_blocking(self._ensure_executor(), lay_out)
-        t_copy = now()
-        await copy_shared(bins, self._ensure_executor())
-        copied = tuple(t.leaf.name for t in p.tensors if not t.contiguous)
-        blocked = now() - t0
-        copy_s = inline_s + now() - t_copy
-
-        async def write() -> StateSaveResult:
-            data = [view[p.data_start : p.size]]
-            # the checksum pass is CPU-only background work: on the lowered CPU lane, so the
-            # training's own threads keep their cores (asyncckpt.priority)
-            prefix, expected, prepass = await run_blocking(
-                self._cpu_executor(), finish_header, p, data, chunk
-            )
-            view[: p.data_start] = prefix
-            # written from the area itself: no pool copy, and the pre-pass CRCs are the chunks'
-            saved = await self._save_object(uri, p.size, view, "streaming", progress, expected, in_place=True)
-            return self._state_result(p, "host", blocked, waited, copy_s, prepass, copied, saved)
-
-        task = asyncio.create_task(write(), name=f"asyncckpt-staged-save {uri}")
-        task.add_done_callback(_log_failure)
-        area.pending = task
-        return StagedSave(task, uri=uri, blocked_s=blocked)
-
-    def _state_result(
-        self,
-        p: _Plan,
-        staging: modes.StagingMode,
-        blocked: float,
-        waited: float,
-        copy_s: float,
-        prepass: float,
-        copied: tuple[str, ...],
-        saved: SaveResult,
-    ) -> StateSaveResult:
-        return StateSaveResult(
-            uri=p.uri,
-            staging=staging,
-            blocked_s=blocked,
-            waited_s=waited,
-            copy_s=copy_s,
-            prepass_s=prepass,
-            tensors=len(p.tensors),
-            tensor_bytes=p.size - p.data_start,
-            header_bytes=p.data_start,
-            copied_contiguous=copied,
-            save=saved,
-        )
-
-    # -- loading -----------------------------------------------------------------------
-    async def load_state(
-        self,
-        uri: str | os.PathLike[str],
-        into: Mapping[Any, Any] | None = None,
-        *,
-        as_torch: bool = False,
-        verify: bool = True,
-        num_readers: int | None = None,
-        read_chunk_size: int | None = None,
-        defeat_cache: bool = True,
-        progress: ProgressFn | None = None,
-    ) -> StateLoadResult:
-        """Load a safetensors object (asyncckpt's or any other writer's) into a nested state.
-
-        Arrays come back as NumPy arrays, or torch tensors with ``as_torch=True`` (and for
-        bfloat16/float8 when ``ml_dtypes`` is not installed). ``into``: a state of the same
-        structure whose arrays are filled in place (shapes and dtypes must match).
-        """
-        if verify not in (True, False):
-            raise ConfigError(f"verify must be True or False, got {verify!r}")
-        if into is not None and not isinstance(into, Mapping):
-            raise ConfigError(f"into must be a state mapping, got {type(into).__name__}")
-        target = _uri(uri)
-        readers, read_chunk = await self._read_args(target, num_readers, read_chunk_size)
-        prefix, header = await self._read_header(target)
-        meta = header.metadata
-        ours = K_FORMAT in meta
-        tree, chunk, manifest, dests = await run_blocking(
-            self._ensure_executor(),
-            _prepare_load,
-            target,
-            prefix,
-            header,
-            into,
-            as_torch,
-            verify,
-            self.config.chunk_size,
-        )
-        load = await self._stream_state(
-            target, header, prefix, dests, manifest, readers, read_chunk, defeat_cache, progress
-        )
-        finishing = [d for d in dests if d.finish is not None]
-        if finishing:
-            await run_blocking(self._ensure_executor(), _complete_all, finishing)
-        arrays = {d.entry.name: d.result for d in dests}
-        state = await run_blocking(self._ensure_executor(), unflatten, tree, arrays) if ours else arrays
-        if manifest is not None:
-            how = f"CRC32C of the header and of {manifest.chunks} chunk(s) of {chunk} bytes"
-        elif ours:
-            how = "none: verify=False"
-        else:
-            how = "none: the header has no asyncckpt checksums (written by another safetensors writer)"
-        return StateLoadResult(
-            state=state,
-            verified=manifest is not None,
-            verification=how,
-            tensors=len(dests),
-            tensor_bytes=header.data_size,
-            in_place=into is not None,
-            load=load,
-            metadata={k: v for k, v in meta.items() if not k.startswith("asyncckpt.")},
-        )
-
-    async def _read_args(
-        self, uri: str, num_readers: int | None, read_chunk_size: int | None
-    ) -> tuple[int, int]:
-        """Validated (readers, read chunk size), before any I/O (the same rules as ``load``)."""
-        cfg = self.config
-        chunk = cfg.chunk_size if read_chunk_size is None else read_chunk_size
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < ALIGN or chunk % ALIGN:
-            raise ConfigError(f"read_chunk_size must be a positive multiple of {ALIGN}, got {chunk!r}")
-        if chunk > cfg.chunk_size:
-            raise ConfigError(f"read_chunk_size={chunk} exceeds the pool's chunk_size={cfg.chunk_size}")
-        readers = num_readers
-        if readers is None:
-            sink = await self._sink(uri)  # no I/O: only its default concurrency is wanted
-            in_flight = sink.default_in_flight
-            await sink.aclose()
-            readers = cfg.max_in_flight or min(in_flight, cfg.num_buffers)
-        if isinstance(readers, bool) or not isinstance(readers, int) or not 1 <= readers <= cfg.num_buffers:
-            raise ConfigError(f"num_readers must be an integer in 1..{cfg.num_buffers}, got {num_readers!r}")
-        return readers, chunk
-
-    async def _read_header(self, uri: str) -> tuple[bytearray, Header]:
-        sink = await self._sink(uri)
-        try:
-            sink.check()
-            return await read_prefix(sink, await sink.size(), uri)
-        finally:
-            await sink.aclose()
-
-    async def _stream_state(
-        self,
-        uri: str,
-        header: Header,
-        prefix: bytearray,
-        dests: list[Destination],
-        manifest: Manifest | None,
-        readers: int,
-        read_chunk: int,
-        defeat_cache: bool,
-        progress: ProgressFn | None,
-    ) -> LoadResult:
-        cfg = self.config
-        sink = await self._sink(uri)
-        ls = LoadState(uri=uri, backend=sink.backend, verify_mode="checksum" if manifest else "none")
-        ls.manifest = manifest or chunks.manifest_of(uri, header.size, cfg.chunk_size, ())
-        verifier = ChecksumVerifier(manifest) if manifest is not None else None
-        scatter = _Scatter(header, prefix, dests, uri)
-        try:
-            async with self._lock:
-                pool = await self._ensure_pool(shared=isinstance(sink, ProcessSink))
-                if isinstance(sink, ProcessSink) and isinstance(pool, SharedBufferPool):
+    The header is read first (its own small read), then the object streams through the one
+    load orchestration (``engine.load.read``) with the manifest the header gives, each view
+    scattered into the destination arrays."""
+    if verify not in (True, False):
+        raise ConfigError(f"verify must be True or False, got {verify!r}")
+    if into is not None and not isinstance(into, Mapping):
+        raise ConfigError(f"into must be a state mapping, got {type(into).__name__}")
+    target = _uri(uri)
+    sink = await storage.handle(target)
+    try:
+        sink.check()
+        read_args(rt, sink, num_readers, read_chunk_size)  # the load's checks, before any I/O
+        async with rt.lock:
+            if sink.uses_shared_arena:  # the writer process that will serve the data, not another
+                pool = await rt.pool(shared=True)
+                if isinstance(pool, SharedBufferPool):
                     sink.attach_arena(pool.arena)
-                pool.reset_stats()
-                executor = self._ensure_executor()
-                async with LoopMonitor(cfg.monitor_interval, sink=sink) as monitor:
-                    t0 = now()
-                    ls.size = await sink.size()
-                    if ls.size != header.size:
-                        raise IntegrityError(
-                            f"{uri!r} changed during the load: {ls.size} bytes now, {header.size} when its "
-                            "header was read"
-                        )
-                    await sink.open_read(defeat_cache=defeat_cache)
-                    ls.open_s = now() - t0
-                    views = stream_views(
-                        uri=uri,
-                        sink=sink,
-                        pool=pool,
-                        executor=executor,
-                        manifest=ls.manifest,
-                        verifier=verifier,
-                        state=ls,
-                        read_chunk=read_chunk,
-                        num_readers=readers,
-                        threads=self._budget.threads,
-                        progress=progress,
-                    )
-                    async with contextlib.aclosing(views):  # buffers reclaimed now on any exit
-                        async for view in views:
-                            await scatter.take(view, executor)
-                    ls.sink_facts = sink.describe()
-                    t_close = now()
-                    await sink.aclose()
-                    t_end = now()
-                return self._load_result(ls, readers, monitor, t0, t_close, t_end)
-        finally:
-            await sink.aclose()
+            prefix, header = await read_prefix(sink, await sink.size(), target)
+    finally:
+        await sink.aclose()
+    meta = header.metadata
+    ours = K_FORMAT in meta
+    executor = rt.executor()
+    tree, chunk, manifest, dests = await run_blocking(
+        executor, _prepare_load, target, prefix, header, into, as_torch, verify, rt.config.chunk_size
+    )
+    known = Known(
+        manifest=manifest or chunks.manifest_of(target, header.size, rt.config.chunk_size, ()),
+        size=header.size,
+        verify=manifest is not None,
+    )
+    scatter = _Scatter(header, prefix, dests, target)
+
+    async def take(view: memoryview) -> None:
+        await scatter.take(view, executor)
+
+    load = await read(
+        rt, storage, target, take, num_readers=num_readers, read_chunk_size=read_chunk_size,
+        defeat_cache=defeat_cache, progress=progress, known=known,
+    )  # fmt: skip
+    finishing = [d for d in dests if d.finish is not None]
+    if finishing:
+        await run_blocking(executor, _complete_all, finishing)
+    arrays = {d.entry.name: d.result for d in dests}
+    state = await run_blocking(executor, unflatten, tree, arrays) if ours else arrays
+    if manifest is not None:
+        how = f"CRC32C of the header and of {manifest.chunks} chunk(s) of {chunk} bytes"
+    elif ours:
+        how = "none: verify=False"
+    else:
+        how = "none: the header has no asyncckpt checksums (written by another safetensors writer)"
+    return StateLoadResult(
+        state=state,
+        verified=manifest is not None,
+        verification=how,
+        tensors=len(dests),
+        tensor_bytes=header.data_size,
+        in_place=into is not None,
+        load=load,
+        metadata={k: v for k, v in meta.items() if not k.startswith("asyncckpt.")},
+    )
 
 
 def _complete_all(dests: list[Destination]) -> None:

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from ..engine import dtypes
+from ..engine.dtypes import DType
+from ..engine.safetensors_format import TensorEntry
 from ..errors import ConfigError, MissingDependencyError
-from . import dtypes
-from .dtypes import DType
 from .flatten import Leaf, is_torch_tensor, path_text
-from .safetensors_format import TensorEntry
 
 _LE = "<" if sys.byteorder == "little" else ">"
 

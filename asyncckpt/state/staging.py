@@ -50,6 +50,11 @@ class StagingArea:
             yield
 
     @property
+    def mapping(self) -> mmap.mmap | None:
+        """The current mapping (replaced only when a larger state needs more room)."""
+        return self._map
+
+    @property
     def capacity(self) -> int:
         return len(self._map) if self._map is not None else 0
 

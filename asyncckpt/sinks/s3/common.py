@@ -121,6 +121,13 @@ def fields_from_text(exc: BaseException, *, unreachable_markers: tuple[str, ...]
 class S3SinkBase(Sink):
     """One object ``s3://bucket/key``; parts are ``part_size`` slices of ``chunk_size`` buffers."""
 
+    can_list: ClassVar[bool] = True
+
+    @classmethod
+    def check_root(cls, uri: str) -> None:
+        if "/" not in uri[len("s3://") :].strip("/"):
+            raise ConfigError(f"root {uri!r} must name an s3://bucket/prefix, not a whole bucket")
+
     default_in_flight = 4
     #: whether each request may go to a different endpoint (one client per endpoint)
     per_request_endpoints: ClassVar[bool] = False

@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..checksum import combine, combine_all, crc
-from ..engine.manifest import Manifest, object_name
-from ..errors import SourceChangedError, StateFormatError
-from ..results.metrics import ChunkRecord
+from ..errors import StateFormatError
+from .manifest import Manifest, object_name
 
 
 def data_chunk_count(data_start: int, size: int, chunk: int) -> int:
@@ -95,18 +94,3 @@ def manifest_of(uri: str, size: int, chunk: int, crcs: Sequence[int]) -> Manifes
         chunk_crc32c=tuple(crcs),
         object_crc32c=combine_all((c, min(chunk, size - i * chunk)) for i, c in enumerate(crcs)),
     )
-
-
-def check_pipeline(records: Sequence[ChunkRecord], expected: Sequence[int], uri: str) -> None:
-    """The bytes the pipeline wrote must be the bytes the pre-pass summed (else: refuse)."""
-    got = [r.checksum for r in sorted(records, key=lambda r: r.offset)]
-    if len(got) != len(expected):
-        raise SourceChangedError(f"save of {uri!r}: {len(got)} chunks written, {len(expected)} expected")
-    for rec, want in zip(sorted(records, key=lambda r: r.offset), expected, strict=True):
-        if rec.checksum != want:
-            raise SourceChangedError(
-                f"save of {uri!r}: bytes {rec.offset}..{rec.offset + rec.nbytes - 1} changed while being "
-                "saved (CRC32C differs from the pre-pass): with staging='none' the arrays must not be "
-                "modified until save_state returns; use staging='host' to keep training meanwhile. "
-                "Nothing was published."
-            )

@@ -8,10 +8,10 @@ from typing import Any
 
 from ..blocking import run_blocking
 from ..config import ALIGN
-from ..engine.manifest import Manifest
 from ..errors import ChecksumMismatchError, StateFormatError
 from ..sinks.base import Sink
 from . import chunks
+from .manifest import Manifest
 from .safetensors_format import (
     FORMAT_VALUE,
     K_CHUNK,
