@@ -45,6 +45,7 @@ from .mlperf_results import host_facts, write_results_dir
 from .mpi_runner import RankFailure, outcome_of, settle
 from .runner import BenchPlan
 from .scaleout import ScaleoutInfo
+from .signals import end_job_if_distributed
 
 Runner = Callable[[str, Callable[[], Coroutine[Any, Any, Any]]], Any]
 
@@ -316,6 +317,11 @@ def main_workload(
         )
     except RankFailure as exc:
         code = say(1, f"failed: {exc}")
+    except KeyboardInterrupt:  # SIGINT/SIGTERM: this rank's saves removed what they published
+        if root:
+            _remove_setup(shared, bench)
+        end_job_if_distributed(comm)
+        raise
     except BaseException as exc:  # outside the protocol: the other ranks may be waiting
         print(
             f"asyncckpt.bench: rank {comm.rank}: {type(exc).__name__}: {exc}; aborting the job",
@@ -326,12 +332,8 @@ def main_workload(
         comm.close()
     end = datetime.now()
     comm.barrier()
-    if root and not bench.keep and bench.mode != "load":
-        for d in reversed(shared["made_dirs"]):
-            with contextlib.suppress(OSError):
-                os.rmdir(d)  # only the step folders this run made, and only if empty
-        if shared["created"]:
-            shutil.rmtree(shared["created"], ignore_errors=True)
+    if root:
+        _remove_setup(shared, bench)
     if not root or code:
         return code
     assert hosts is not None
@@ -344,6 +346,18 @@ def main_workload(
         written = write_results_dir(Path(args.results_dir), report, info, start, end)
         print(f"[asyncckpt] MLPerf-style results: {', '.join(str(p) for p in written)}", file=sys.stderr)
     return 0
+
+
+def _remove_setup(shared: dict[str, Any], bench: BenchPlan) -> None:
+    """Rank 0, at the end: the step folders this run made (only if empty) and its temporary
+    base folder, unless ``--keep`` (a load-only run made neither)."""
+    if bench.keep or bench.mode == "load":
+        return
+    for d in reversed(shared["made_dirs"]):
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+    if shared["created"]:
+        shutil.rmtree(shared["created"], ignore_errors=True)
 
 
 def build_report(
