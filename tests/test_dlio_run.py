@@ -232,3 +232,24 @@ def test_setup_is_reported_apart_and_kept_out_of_the_first_checkpoint(
     # what a checkpoint's time holds beyond its objects' own times (one rank: no straggler)
     extra = [c["duration_s"] - sum(c["rank_kind_seconds"][0].values()) for c in cps]
     assert extra[0] <= max(extra[1:]) + 0.1, (extra, report.get("setup_s"))
+
+
+def test_summary_json_gives_the_written_size_beside_its_throughput_and_the_unscaled_plan_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = write_config(tmp_path, folder=tmp_path / "ckpt", writes=1, reads=0)
+    results, out = tmp_path / "results", tmp_path / "run.json"
+    args = ["--config", str(cfg), "--scale", "0.25", "--results-dir", str(results), "--json", str(out), "-q"]
+    assert main(args) == 0, capsys.readouterr().err
+    model = load_workload(cfg).model
+    assert model is not None
+    unscaled = plan_checkpoint(model, 1).total_bytes
+    (c,) = json.loads(out.read_text())["phases"]["save"]["checkpoints"]
+    assert c["total_bytes"] < unscaled  # scaled: what was written
+    metric = json.loads((results / "summary.json").read_text())["metric"]
+    assert metric["checkpoint_size_GB"] == pytest.approx(c["total_bytes"] / DLIO_GB)
+    (rate,) = metric["checkpoint_write_throughput_GB_per_second"]
+    (duration,) = metric["checkpoint_write_duration_seconds"]
+    assert rate == pytest.approx(metric["checkpoint_size_GB"] / duration)  # one size, one rate
+    assert metric["unscaled_checkpoint_size_GB"] == pytest.approx(unscaled / DLIO_GB)
+    assert json.loads(out.read_text())["checkpoint_bytes"] == c["total_bytes"]

@@ -340,8 +340,7 @@ def main_workload(
     if not root or code:
         return code
     assert hosts is not None
-    report = build_report(info, layout, bench, base, ran, hosts, wl.time_between_checkpoints)
-    report["scale"] = args.scale
+    report = build_report(info, layout, bench, base, ran, hosts, wl.time_between_checkpoints, args.scale)
     print(format_report(report))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -371,6 +370,7 @@ def build_report(
     ran: dict[str, Any],
     hosts: list[dict[str, Any]],
     pause_s: float,
+    scale: float,
 ) -> dict[str, Any]:
     """``ran``: rank 0's return of :func:`_rank_main` (setup times, phases)."""
     wl = info.workload
@@ -388,7 +388,9 @@ def build_report(
         "hosts": hosts,
         "time_between_checkpoints_s": pause_s,
         "fsync": bench.config.fsync,
-        "scale": info.preset["scale"] if info.preset else None,
+        "scale": scale,
+        # what one checkpoint writes (every object x scale); "plan" is the unscaled layout
+        "checkpoint_bytes": sum(scaled(rp, scale).nbytes for rp in layout.rank_plans),
         "plan": layout.to_dict(objects=False),
         "subset": layout.subset,
         "setup_s": max(ran["setup_s"]),  # before the first timed checkpoint, slowest rank
@@ -418,7 +420,10 @@ def format_report(report: dict[str, Any]) -> str:
         f"({plan['total_dlio_gb']:.3f} GiB); largest rank {plan['largest_rank']['rank']}, "
         f"imbalance {plan['imbalance']:.3f}" + ("; SUBSET run" if report["subset"] else ""),
         *(
-            [f"--scale {report['scale']:g}: every object is written at that fraction of its size"]
+            [
+                f"--scale {report['scale']:g}: every object is written at that fraction of its size: "
+                f"{report['checkpoint_bytes']:,} B per checkpoint"
+            ]
             if report.get("scale") not in (None, 1.0)
             else []
         ),
