@@ -253,3 +253,21 @@ def test_summary_json_gives_the_written_size_beside_its_throughput_and_the_unsca
     assert rate == pytest.approx(metric["checkpoint_size_GB"] / duration)  # one size, one rate
     assert metric["unscaled_checkpoint_size_GB"] == pytest.approx(unscaled / DLIO_GB)
     assert json.loads(out.read_text())["checkpoint_bytes"] == c["total_bytes"]
+
+
+def test_a_one_rank_run_of_an_mlperf_workload_file_is_a_subset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llama3_8b.yaml needs 8 ranks (MLPerf Storage's full run): one rank writes a subset."""
+    fixture = Path(__file__).parent / "fixtures" / "dlio" / "llama3_8b.yaml"
+    results, out = tmp_path / "results", tmp_path / "run.json"
+    keys = ("time_between_checkpoints=0", "num_checkpoints_write=1", "num_checkpoints_read=0")
+    overrides = [f"++workload.checkpoint.{k}" for k in keys]
+    args = [str(tmp_path / "ckpt"), "--config", str(fixture), "--scale", "0.00001", "-q", *overrides,
+            "--results-dir", str(results), "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert report["subset"] and report["plan"]["full_ranks"] == 8 and report["world_size"] == 1
+    assert json.loads((results / "summary.json").read_text())["subset"] is True
+    assert "8 ranks: MLPerf Storage's full run of llama3-8b" in err and "subset: 1 of the workload's 8" in err

@@ -39,7 +39,7 @@ from ..results import Result
 from ..sinks import path_from_uri, scheme_of
 from ..steps import COMMIT, get_record
 from .dlio_layout import DLIO_GB, CheckpointPlan, PlannedObject, RankPlan, scaled, step_directory
-from .dlio_plan import format_plan, make_plan, plan_ranks, subset_note
+from .dlio_plan import format_plan, make_plan, plan_ranks, subset_note, world_note
 from .guard import Writes
 from .mlperf_results import host_facts, write_results_dir
 from .mpi_runner import RankFailure, outcome_of, settle
@@ -246,6 +246,10 @@ def main_workload(
     wl = info.workload
     assert wl is not None and wl.model is not None
     root = comm.is_root
+    model = wl.model
+
+    def world(layout: CheckpointPlan) -> str:
+        return world_note(layout, model, info.reference_ranks, info.reference_source)
 
     def say(code: int, message: str) -> int:
         if root:
@@ -259,7 +263,7 @@ def main_workload(
         except ConfigError as exc:
             return say(2, f"error: {exc}")
         if root:
-            for note in info.notes:
+            for note in [*info.notes, world(layout)]:
                 print(f"[asyncckpt] {note}", file=sys.stderr)
             print(format_plan(layout, args.scale))
             if args.json is not None:
@@ -305,7 +309,7 @@ def main_workload(
     bench = replace(bench, target=base, config=config)
     hosts = comm.gather(host_facts())
     if root:
-        for note in info.notes:
+        for note in [*info.notes, world(layout)]:
             print(f"[asyncckpt] {note}", file=sys.stderr)
         if layout.subset:
             full = make_plan(replace(layout.model, data=layout.data_parallelism), layout.full_ranks)
@@ -374,7 +378,7 @@ def build_report(
 ) -> dict[str, Any]:
     """``ran``: rank 0's return of :func:`_rank_main` (setup times, phases)."""
     wl = info.workload
-    assert wl is not None
+    assert wl is not None and wl.model is not None
     phases: dict[str, list[dict[str, Any]]] = ran["phases"]
     return {
         "mode": "dlio",
@@ -393,6 +397,7 @@ def build_report(
         "checkpoint_bytes": sum(scaled(rp, scale).nbytes for rp in layout.rank_plans),
         "plan": layout.to_dict(objects=False),
         "subset": layout.subset,
+        "world_source": world_note(layout, wl.model, info.reference_ranks, info.reference_source),
         "setup_s": max(ran["setup_s"]),  # before the first timed checkpoint, slowest rank
         "rank_setup_s": ran["setup_s"],
         "phases": {
