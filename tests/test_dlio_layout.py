@@ -211,3 +211,19 @@ def test_overrides_reach_the_workload_and_the_arguments() -> None:
         parse_with_presets(build_parser(), ["++workload.checkpoint.fsync=false"])
     with pytest.raises(ConfigError, match="--plan/--ranks need a workload"):
         parse_with_presets(build_parser(), ["--plan"])
+
+
+@pytest.mark.parametrize("name", sorted(PLAN_TOTALS))
+def test_a_workload_file_and_its_preset_plan_the_same_ranks(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--config llama3_8b.yaml`` is ``--model llama3-8b``: MLPerf Storage's full run, both ways."""
+    by_file, by_preset = tmp_path / "file.json", tmp_path / "preset.json"
+    assert main(["--plan", "--config", str(FIXTURES / FILES[name]), "--json", str(by_file)]) == 0
+    err = capsys.readouterr().err
+    assert main(["--plan", "--model", name, "--json", str(by_preset)]) == 0
+    a, b = json.loads(by_file.read_text()), json.loads(by_preset.read_text())
+    ranks = PLAN_TOTALS[name][0]
+    assert a["ranks"] == b["ranks"] == a["full_ranks"] == b["full_ranks"] == ranks
+    assert a["total_bytes"] == b["total_bytes"] == PLAN_TOTALS[name][1]
+    assert f"{ranks} ranks: MLPerf Storage's full run of {name}" in err  # says where the count came from

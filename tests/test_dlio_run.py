@@ -210,3 +210,64 @@ def test_mpirun_4_ranks_on_swift_write_the_planned_objects_and_a_commit_record(
     assert any(k.split("/")[-1].startswith("layer_") for k in expect)  # per-layer objects appear
     assert record["world_size"] == 4 and record["written_by"] == "asyncckpt"
     assert [sum(s) for s in record["sizes"]] == [rp.nbytes for rp in plan.rank_plans]
+
+
+def test_setup_is_reported_apart_and_kept_out_of_the_first_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DLIO sets up before its timed region: the buffer pool (8 x 32 MiB, touched), threads and
+    the storage client are made before checkpoint 1, so its time is its objects' times plus
+    the same small bookkeeping as every later checkpoint's."""
+    cfg = write_config(tmp_path, folder=tmp_path / "ckpt", writes=3, reads=0)
+    out = tmp_path / "run.json"
+    assert (
+        main(["--config", str(cfg), "--chunk-size", "32MiB", "--num-buffers", "8", "--json", str(out), "-q"])
+        == 0
+    )
+    text = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["setup_s"] > 0 and len(report["rank_setup_s"]) == 1
+    assert f"setup before the timed checkpoints: {report['setup_s']:.3f} s" in text
+    cps = report["phases"]["save"]["checkpoints"]
+    # what a checkpoint's time holds beyond its objects' own times (one rank: no straggler)
+    extra = [c["duration_s"] - sum(c["rank_kind_seconds"][0].values()) for c in cps]
+    assert extra[0] <= max(extra[1:]) + 0.1, (extra, report.get("setup_s"))
+
+
+def test_summary_json_gives_the_written_size_beside_its_throughput_and_the_unscaled_plan_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = write_config(tmp_path, folder=tmp_path / "ckpt", writes=1, reads=0)
+    results, out = tmp_path / "results", tmp_path / "run.json"
+    args = ["--config", str(cfg), "--scale", "0.25", "--results-dir", str(results), "--json", str(out), "-q"]
+    assert main(args) == 0, capsys.readouterr().err
+    model = load_workload(cfg).model
+    assert model is not None
+    unscaled = plan_checkpoint(model, 1).total_bytes
+    (c,) = json.loads(out.read_text())["phases"]["save"]["checkpoints"]
+    assert c["total_bytes"] < unscaled  # scaled: what was written
+    metric = json.loads((results / "summary.json").read_text())["metric"]
+    assert metric["checkpoint_size_GB"] == pytest.approx(c["total_bytes"] / DLIO_GB)
+    (rate,) = metric["checkpoint_write_throughput_GB_per_second"]
+    (duration,) = metric["checkpoint_write_duration_seconds"]
+    assert rate == pytest.approx(metric["checkpoint_size_GB"] / duration)  # one size, one rate
+    assert metric["unscaled_checkpoint_size_GB"] == pytest.approx(unscaled / DLIO_GB)
+    assert json.loads(out.read_text())["checkpoint_bytes"] == c["total_bytes"]
+
+
+def test_a_one_rank_run_of_an_mlperf_workload_file_is_a_subset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llama3_8b.yaml needs 8 ranks (MLPerf Storage's full run): one rank writes a subset."""
+    fixture = Path(__file__).parent / "fixtures" / "dlio" / "llama3_8b.yaml"
+    results, out = tmp_path / "results", tmp_path / "run.json"
+    keys = ("time_between_checkpoints=0", "num_checkpoints_write=1", "num_checkpoints_read=0")
+    overrides = [f"++workload.checkpoint.{k}" for k in keys]
+    args = [str(tmp_path / "ckpt"), "--config", str(fixture), "--scale", "0.00001", "-q", *overrides,
+            "--results-dir", str(results), "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert report["subset"] and report["plan"]["full_ranks"] == 8 and report["world_size"] == 1
+    assert json.loads((results / "summary.json").read_text())["subset"] is True
+    assert "8 ranks: MLPerf Storage's full run of llama3-8b" in err and "subset: 1 of the workload's 8" in err

@@ -29,6 +29,7 @@ from .parsing import Parser
 from .resultfiles import stamp
 from .runner import BenchPlan, BenchReport, run_plan
 from .scaleout import add_scaleout_arguments, parse_with_presets
+from .signals import sigterm_as_sigint
 
 DEFAULT_SIZE = "1GiB"
 
@@ -254,7 +255,20 @@ def _rank() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m asyncckpt.bench [TARGET] [options] [+key=value ...]`` or ``SUBCOMMAND ...``."""
+    """``python -m asyncckpt.bench [TARGET] [options] [+key=value ...]`` or ``SUBCOMMAND ...``.
+
+    SIGINT or SIGTERM: what the run wrote is removed on the way out, then one line and
+    rc 130 / 143 (schedulers send SIGTERM)."""
+    with sigterm_as_sigint() as interrupt:
+        try:
+            return _main(argv)
+        except KeyboardInterrupt:
+            if _rank() == 0:  # under mpirun only rank 0 speaks
+                print(f"asyncckpt.bench: {interrupt.message}", file=sys.stderr)
+            return interrupt.exit_code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         cmd = split_command(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
@@ -318,9 +332,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AsyncCkptError as exc:
         print(f"asyncckpt.bench: failed: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("asyncckpt.bench: interrupted", file=sys.stderr)
-        return 130
     print(report.text)
     doc = stamp(report.to_json(records=needs_records(args)), argv)
     try:

@@ -54,6 +54,25 @@ def make_plan(m: DlioModel, ranks: int, reference_ranks: int | None = None) -> C
     return plan_checkpoint(resolve_model(m, ranks, reference_ranks), ranks)
 
 
+def world_note(
+    plan: CheckpointPlan, m: DlioModel, reference_ranks: int | None, reference_source: str | None
+) -> str:
+    """Where the workload's rank count came from (said on every plan and run of the workload
+    ``m``, as written): a run on fewer ranks is a subset of it."""
+    if m.data > 0:
+        why = f"model.parallelism.data {m.data} x tensor {m.tensor} x pipeline {m.pipeline}"
+    elif reference_source and plan.full_ranks == reference_ranks:
+        why = reference_source
+    elif plan.full_ranks == plan.ranks:
+        why = "no model.parallelism.data and no MLPerf Storage workload of this model: this job's ranks"
+    else:
+        why = (
+            "no model.parallelism.data: the smallest multiple of tensor x pipeline "
+            f"({m.model_parallelism}) that holds this job"
+        )
+    return f"the workload's world: {plan.full_ranks} ranks: {why}"
+
+
 def subset_note(plan: CheckpointPlan, full_bytes: int) -> str:
     """How a subset run's score relates to the full run's (said on every subset run)."""
     share = plan.total_bytes / full_bytes if full_bytes else 0.0

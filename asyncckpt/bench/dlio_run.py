@@ -39,12 +39,13 @@ from ..sinks import path_from_uri, scheme_of
 from ..steps import COMMIT, get_record
 from .aggregate import aggregate_checkpoint, summarize
 from .dlio_layout import DLIO_GB, CheckpointPlan, PlannedObject, RankPlan, scaled, step_directory
-from .dlio_plan import format_plan, make_plan, plan_ranks, subset_note
+from .dlio_plan import format_plan, make_plan, plan_ranks, subset_note, world_note
 from .guard import Writes
 from .mlperf_results import host_facts, write_results_dir
 from .mpi_runner import RankFailure, outcome_of, settle
 from .runner import BenchPlan
 from .scaleout import ScaleoutInfo
+from .signals import end_job_if_distributed
 
 Runner = Callable[[str, Callable[[], Coroutine[Any, Any, Any]]], Any]
 
@@ -207,11 +208,14 @@ async def _check_all(writes: Writes, uris: list[str]) -> None:
 
 async def _rank_main(
     bench: BenchPlan, comm: Comm, mine: RankPlan, base: str, pause_s: float
-) -> dict[str, list[dict[str, Any]]]:
+) -> dict[str, Any]:
+    """This rank's run; rank 0 returns ``{"setup_s": [per rank], "phases": {...}}``."""
     phases: dict[str, list[dict[str, Any]]] = {}
     async with AsyncCheckpointer(bench.config) as ck:
         writes = Writes(ck, overwrite=bench.overwrite)
         try:
+            # DLIO allocates before its timed region: the pool, threads and client, not in checkpoint 1
+            setup, _ = await settle(comm, await outcome_of(ck.prepare(base)), now(), "setting up")
             if bench.mode in ("save", "both"):
                 # every rank's objects checked before any rank writes
                 uris = [
@@ -228,7 +232,7 @@ async def _rank_main(
         finally:
             if not bench.keep:  # only what this run's saves published
                 await writes.remove_created()
-    return phases
+    return {"setup_s": [o["result"] for o in setup] if setup is not None else [], "phases": phases}
 
 
 def main_workload(
@@ -242,6 +246,10 @@ def main_workload(
     wl = info.workload
     assert wl is not None and wl.model is not None
     root = comm.is_root
+    model = wl.model
+
+    def world(layout: CheckpointPlan) -> str:
+        return world_note(layout, model, info.reference_ranks, info.reference_source)
 
     def say(code: int, message: str) -> int:
         if root:
@@ -255,7 +263,7 @@ def main_workload(
         except ConfigError as exc:
             return say(2, f"error: {exc}")
         if root:
-            for note in info.notes:
+            for note in [*info.notes, world(layout)]:
                 print(f"[asyncckpt] {note}", file=sys.stderr)
             print(format_plan(layout, args.scale))
             if args.json is not None:
@@ -301,7 +309,7 @@ def main_workload(
     bench = replace(bench, target=base, config=config)
     hosts = comm.gather(host_facts())
     if root:
-        for note in info.notes:
+        for note in [*info.notes, world(layout)]:
             print(f"[asyncckpt] {note}", file=sys.stderr)
         if layout.subset:
             full = make_plan(replace(layout.model, data=layout.data_parallelism), layout.full_ranks)
@@ -309,13 +317,18 @@ def main_workload(
     # 2. the phases
     start = datetime.now()
     code = 0
-    phases: dict[str, list[dict[str, Any]]] = {}
+    ran: dict[str, Any] = {}
     try:
-        phases = run_with_loop(
+        ran = run_with_loop(
             args.loop, lambda: _rank_main(bench, comm, mine, base, wl.time_between_checkpoints)
         )
     except RankFailure as exc:
         code = say(1, f"failed: {exc}")
+    except KeyboardInterrupt:  # SIGINT/SIGTERM: this rank's saves removed what they published
+        if root:
+            _remove_setup(shared, bench)
+        end_job_if_distributed(comm)
+        raise
     except BaseException as exc:  # outside the protocol: the other ranks may be waiting
         print(
             f"asyncckpt.bench: rank {comm.rank}: {type(exc).__name__}: {exc}; aborting the job",
@@ -326,17 +339,12 @@ def main_workload(
         comm.close()
     end = datetime.now()
     comm.barrier()
-    if root and not bench.keep and bench.mode != "load":
-        for d in reversed(shared["made_dirs"]):
-            with contextlib.suppress(OSError):
-                os.rmdir(d)  # only the step folders this run made, and only if empty
-        if shared["created"]:
-            shutil.rmtree(shared["created"], ignore_errors=True)
+    if root:
+        _remove_setup(shared, bench)
     if not root or code:
         return code
     assert hosts is not None
-    report = build_report(info, layout, bench, base, phases, hosts, wl.time_between_checkpoints)
-    report["scale"] = args.scale
+    report = build_report(info, layout, bench, base, ran, hosts, wl.time_between_checkpoints, args.scale)
     print(format_report(report))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -346,17 +354,32 @@ def main_workload(
     return 0
 
 
+def _remove_setup(shared: dict[str, Any], bench: BenchPlan) -> None:
+    """Rank 0, at the end: the step folders this run made (only if empty) and its temporary
+    base folder, unless ``--keep`` (a load-only run made neither)."""
+    if bench.keep or bench.mode == "load":
+        return
+    for d in reversed(shared["made_dirs"]):
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+    if shared["created"]:
+        shutil.rmtree(shared["created"], ignore_errors=True)
+
+
 def build_report(
     info: ScaleoutInfo,
     layout: CheckpointPlan,
     bench: BenchPlan,
     base: str,
-    phases: dict[str, list[dict[str, Any]]],
+    ran: dict[str, Any],
     hosts: list[dict[str, Any]],
     pause_s: float,
+    scale: float,
 ) -> dict[str, Any]:
+    """``ran``: rank 0's return of :func:`_rank_main` (setup times, phases)."""
     wl = info.workload
-    assert wl is not None
+    assert wl is not None and wl.model is not None
+    phases: dict[str, list[dict[str, Any]]] = ran["phases"]
     return {
         "mode": "dlio",
         "units": "bytes and bytes/s; *_dlio_gb* fields are 1024**3 (DLIO's 'GB'), GB elsewhere is 10**9",
@@ -369,9 +392,14 @@ def build_report(
         "hosts": hosts,
         "time_between_checkpoints_s": pause_s,
         "fsync": bench.config.fsync,
-        "scale": info.preset["scale"] if info.preset else None,
+        "scale": scale,
+        # what one checkpoint writes (every object x scale); "plan" is the unscaled layout
+        "checkpoint_bytes": sum(scaled(rp, scale).nbytes for rp in layout.rank_plans),
         "plan": layout.to_dict(objects=False),
         "subset": layout.subset,
+        "world_source": world_note(layout, wl.model, info.reference_ranks, info.reference_source),
+        "setup_s": max(ran["setup_s"]),  # before the first timed checkpoint, slowest rank
+        "rank_setup_s": ran["setup_s"],
         "phases": {
             name: {"checkpoints": cps, "summary": summarize(cps)} for name, cps in phases.items() if cps
         },
@@ -397,12 +425,17 @@ def format_report(report: dict[str, Any]) -> str:
         f"({plan['total_dlio_gb']:.3f} GiB); largest rank {plan['largest_rank']['rank']}, "
         f"imbalance {plan['imbalance']:.3f}" + ("; SUBSET run" if report["subset"] else ""),
         *(
-            [f"--scale {report['scale']:g}: every object is written at that fraction of its size"]
+            [
+                f"--scale {report['scale']:g}: every object is written at that fraction of its size: "
+                f"{report['checkpoint_bytes']:,} B per checkpoint"
+            ]
             if report.get("scale") not in (None, 1.0)
             else []
         ),
         f"emulated compute between checkpoints: {report['time_between_checkpoints_s']:g} s; "
         f"fsync {report['fsync']}",
+        f"setup before the timed checkpoints: {report['setup_s']:.3f} s (slowest rank: backend, "
+        "threads, buffer pool; in no checkpoint's time)",
         RULE,
     ]
     blocks = ["\n".join(head)]

@@ -60,7 +60,9 @@ def summary_json(report: dict[str, Any], start: datetime, end: datetime) -> dict
             "checkpoint_read_duration_seconds": [
                 c["duration_s"] for c in phases.get("load", {}).get("checkpoints", [])
             ],
-            "checkpoint_size_GB": report["plan"]["total_bytes"] / DLIO_GB,
+            # the size the throughputs divide: what one checkpoint wrote (after --scale)
+            "checkpoint_size_GB": report["checkpoint_bytes"] / DLIO_GB,
+            "unscaled_checkpoint_size_GB": report["plan"]["total_bytes"] / DLIO_GB,
         },
         "subset": report["subset"],
     }

@@ -39,6 +39,7 @@ from .guard import Writes
 from .progress import Bar, progress_bar
 from .runner import BenchPlan
 from .scaleout import ScaleoutInfo
+from .signals import end_job_if_distributed
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,11 @@ def run_distributed(
         phases = run_with_loop(args.loop, lambda: _rank_main(plan, comm, uri))
     except RankFailure as exc:
         code = fail(1, f"failed: {exc}")
+    except KeyboardInterrupt:  # SIGINT/SIGTERM: this rank's saves removed what they published
+        if root and setup["created"] and not plan.keep:
+            shutil.rmtree(setup["created"], ignore_errors=True)
+        end_job_if_distributed(comm)
+        raise
     except BaseException as exc:  # outside the protocol: the other ranks may be waiting
         print(
             f"asyncckpt.bench: rank {me.rank}: {type(exc).__name__}: {exc}; aborting the job", file=sys.stderr

@@ -11,12 +11,12 @@ they agree) plus the rank count of a full ("closed") run. What a rank writes com
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ConfigError
 from .dlio import parse_workload
-from .dlio_layout import CheckpointPlan
+from .dlio_layout import CheckpointPlan, DlioModel
 from .dlio_plan import make_plan
 
 
@@ -62,11 +62,17 @@ class ModelPreset:
         """A fresh copy of the workload document (overrides may change it)."""
         return copy.deepcopy(self.workload)
 
-    def plan(self, ranks: int | None = None) -> CheckpointPlan:
-        """The layout on ``ranks`` (default: the full run); fewer ranks are a subset of it."""
+    def model(self) -> DlioModel:
+        """The workload file's ``model:`` section, read."""
         model = parse_workload(self.document(), self.name).model
         assert model is not None
-        return make_plan(model, ranks or self.ranks, self.ranks)  # fewer ranks: a subset, as mlpstorage
+        return model
+
+    def plan(self, ranks: int | None = None) -> CheckpointPlan:
+        """The layout on ``ranks`` (default: the full run); fewer ranks are a subset of it."""
+        return make_plan(
+            self.model(), ranks or self.ranks, self.ranks
+        )  # fewer ranks: a subset, as mlpstorage
 
     @property
     def checkpoint_bytes(self) -> int:
@@ -97,6 +103,16 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset("llama3-1t", _workload("llama_1t", 128, 8, 64, 1, 25872, 98304, 192, 32), 1024, 18000),
     )
 }
+
+
+def preset_of(model: DlioModel) -> ModelPreset | None:
+    """The preset whose workload has this model (a ``--config`` of MLPerf Storage's file): its
+    full-run rank count then applies, as to ``--model``. ``parallelism.data`` is left out of the
+    comparison: when a file sets it, it fixes the rank count itself."""
+    for preset in PRESETS.values():
+        if replace(preset.model(), data=-1) == replace(model, data=-1):
+            return preset
+    return None
 
 
 def get_preset(name: str) -> ModelPreset:

@@ -17,8 +17,9 @@ from typing import Any
 
 from ..errors import ConfigError
 from .dlio import WorkloadConfig, parse_workload, read_workload
+from .dlio_layout import DlioModel
 from .overrides import apply_overrides, split_overrides
-from .presets import PRESETS, get_preset
+from .presets import PRESETS, get_preset, preset_of
 
 DEFAULT_LAYOUT = "rank{rank:05d}.bin"
 
@@ -34,6 +35,7 @@ class ScaleoutInfo:
     config_unused: list[str] = field(default_factory=list)
     workload: WorkloadConfig | None = None  # set when DLIO's layout is to be planned or written
     reference_ranks: int | None = None  # a preset's full-run rank count
+    reference_source: str | None = None  # where reference_ranks came from (said to the user)
     overrides: list[str] = field(default_factory=list)  # the +/++ tokens as given
     command: list[str] = field(default_factory=list)  # argv as given (for results metadata)
 
@@ -96,6 +98,20 @@ def _load(first: argparse.Namespace, overrides: list[Any], info: ScaleoutInfo) -
     return None if doc is None else parse_workload(doc, path)
 
 
+def _reference(model_flag: str | None, model: DlioModel, path: str, info: ScaleoutInfo) -> None:
+    """The full-run rank count of MLPerf Storage's workload: from ``--model``, or from a
+    ``--config`` file whose model is one of the presets' (the same workload, the same ranks)."""
+    if model_flag:
+        info.reference_source = f"MLPerf Storage's full run of {model_flag}"
+        return
+    preset = preset_of(model)
+    if preset is not None:
+        info.reference_ranks = preset.ranks
+        info.reference_source = (
+            f"MLPerf Storage's full run of {preset.name} ({path} has that workload's model)"
+        )
+
+
 def parse_with_presets(
     p: argparse.ArgumentParser, argv: Sequence[str] | None, world_size: int = 1
 ) -> tuple[argparse.Namespace, ScaleoutInfo]:
@@ -110,6 +126,7 @@ def parse_with_presets(
     wl = _load(first, overrides, info)
     if wl is not None and wl.model is not None:
         info.workload = wl
+        _reference(first.model, wl.model, wl.path, info)
     if wl is not None:
         info.config_file, info.config_defaults = wl.path, dict(wl.defaults)
         if first.config:  # a preset's own sections are known; its overrides may add unknown keys

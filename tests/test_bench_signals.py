@@ -1,0 +1,73 @@
+"""SIGTERM (what schedulers send) and SIGINT end a bench run the same way: everything the run
+wrote is removed, one line on stderr, rc 128 + the signal. Real child processes, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+PLAIN = ["--size", "256MiB", "--chunk-size", "8MiB", "--num-buffers", "2", "--repeat", "100"]
+WORKLOAD = [
+    *("--model", "llama3-8b", "--scale", "0.01", "--chunk-size", "8MiB", "--num-buffers", "2"),
+    "++workload.checkpoint.time_between_checkpoints=0",
+    "++workload.checkpoint.num_checkpoints_write=50",
+    "++workload.checkpoint.num_checkpoints_read=0",
+]
+
+
+def files_under(root: Path) -> list[str]:
+    return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+
+
+def start(args: list[str], tmp: Path) -> subprocess.Popen[str]:
+    """The real CLI with its temporary directory (``TMPDIR``) in ``tmp``."""
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "asyncckpt.bench", *args, "-q"],
+        cwd=tmp.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_until_writing(proc: subprocess.Popen[str], tmp: Path, deadline_s: float = 60) -> None:
+    """Poll until the run has a file of its own under ``tmp`` (it is writing checkpoints)."""
+    end = time.monotonic() + deadline_s
+    while not files_under(tmp):
+        assert proc.poll() is None, f"the run ended before writing: rc {proc.returncode}"
+        assert time.monotonic() < end, "no file written in time"
+        time.sleep(0.02)  # polling interval, not synchronisation: the condition is the file
+
+
+@pytest.mark.parametrize("kind", ["plain", "workload"])
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_mid_run_removes_everything_the_run_wrote(
+    tmp_path: Path, kind: str, sig: signal.Signals, code: int
+) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = start(PLAIN if kind == "plain" else WORKLOAD, tmp)
+    try:
+        wait_until_writing(proc, tmp)
+        proc.send_signal(sig)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == code, err
+    assert os.listdir(tmp) == [], files_under(tmp)  # no asyncckpt-bench-* / asyncckpt-dlio-* left
+    assert "Traceback" not in err
+    said = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("[asyncckpt]")]
+    assert len(said) == 1 and said[0].startswith("asyncckpt.bench: "), err
+    assert ("terminated" if sig == signal.SIGTERM else "interrupted") in said[0]
