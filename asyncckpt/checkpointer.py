@@ -18,6 +18,7 @@ from .config import CheckpointConfig
 from .engine import load as loads
 from .engine.load import Found, LoadStream, ProgressFn
 from .engine.manifest import manifest_uri
+from .engine.monitor import now
 from .engine.runtime import Runtime
 from .engine.save import save_object
 from .errors import ConfigError
@@ -77,9 +78,10 @@ class AsyncCheckpointer:
         DLIO allocates before its timed region) keeps this setup out of the first one.
         Returns the seconds it took; later saves reuse what it made."""
         t0 = now()
-        name, policy = self._route(uri)
-        await self._import(name, policy)
-        await self._ensure_pool(shared=policy.isolation == "process")
+        await self.storage.prepare(uri)
+        _, policy = self.storage.route(uri)
+        async with self.runtime.lock:
+            await self.runtime.pool(shared=policy.isolation == "process")
         return now() - t0
 
     async def delete(self, uri: str | os.PathLike[str]) -> None:

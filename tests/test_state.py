@@ -512,7 +512,10 @@ async def test_bad_state_is_refused_before_any_io(tmp_path: Path, state: Any, ma
                 await c.save_state(str(tmp_path / "x.safetensors"), state, staging=staging)
         with pytest.raises(ConfigError, match="staging must be one of none, host, got 'gpu'"):
             await c.save_state(str(tmp_path / "x.safetensors"), {}, staging="gpu")
-        with pytest.raises(ConfigError, match=r"num_readers must be an integer in 1\.\.num_buffers=3 \(each read holds a buffer\), got 0"):
+        with pytest.raises(
+            ConfigError,
+            match=r"num_readers must be an integer in 1\.\.num_buffers=3 \(each read holds a buffer\), got 0",
+        ):
             await c.load_state(str(tmp_path / "absent.safetensors"), num_readers=0)
         with pytest.raises(ConfigError, match="read_chunk_size must be a positive multiple of 4096, got 100"):
             await c.load_state(str(tmp_path / "absent.safetensors"), read_chunk_size=100)

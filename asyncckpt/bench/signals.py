@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-from ..distributed import Comm
+from ..node.distributed import Comm
 
 
 class Interrupt:
