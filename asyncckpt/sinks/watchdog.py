@@ -212,6 +212,10 @@ class WatchedSink(Sink):
         await self.inner.start()
         await self.watchdog.run("delete", self.inner.delete)
 
+    async def make_directory(self) -> None:
+        await self.inner.start()
+        await self.watchdog.run("make directory", self.inner.make_directory)
+
     async def list_names(self) -> list[str]:
         await self.inner.start()
         return await self.watchdog.run("list", self.inner.list_names)

@@ -320,12 +320,12 @@ async def load_state(
     try:
         sink.check()
         read_args(rt, sink, num_readers, read_chunk_size)  # the load's checks, before any I/O
-        async with rt.lock:
-            if sink.uses_shared_arena:  # the writer process that will serve the data, not another
+        if sink.uses_shared_arena:  # the writer process that will serve the data, not another
+            async with rt.lock:  # a shared pool, once built, stays: the arena outlives the lock
                 pool = await rt.pool(shared=True)
-                if isinstance(pool, SharedBufferPool):
-                    sink.attach_arena(pool.arena)
-            prefix, header = await read_prefix(sink, await sink.size(), target)
+            if isinstance(pool, SharedBufferPool):
+                sink.attach_arena(pool.arena)
+        prefix, header = await read_prefix(sink, await sink.size(), target)
     finally:
         await sink.aclose()
     meta = header.metadata

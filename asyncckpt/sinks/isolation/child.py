@@ -25,8 +25,8 @@ from typing import Any
 from ...blocking import Offload
 from ...priority import lower
 from ...sources.base import GenSpec
-from .. import BACKENDS, backend_class
 from ..base import InPlaceWrite, Sink, SinkOptions
+from ..registry import BACKENDS, backend_class
 from ..store import Store
 from .shm import SharedArena
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import multiprocessing
@@ -35,8 +36,9 @@ from ...blocking import run_blocking
 from ...cpu import CpuCounters
 from ...errors import ConfigError, WriterProcessError
 from ...sources.base import GenSpec
-from .. import backend_class, make_sink, resolve_backend
 from ..base import InPlaceWrite, Sink, SinkOptions
+from ..file import path_from_uri
+from ..registry import backend_class, make_sink, resolve_backend
 from . import child
 from .policy import LOCAL_BACKENDS, WriterPolicy
 from .proc import exit_text, preload_in_forkserver, reap, start_process
@@ -479,6 +481,11 @@ class ProcessSink(Sink):
 
     async def delete(self) -> None:
         await self._call("delete")
+
+    async def make_directory(self) -> None:
+        if self.has_directories:  # a local path: made here, where the child would make it
+            path = path_from_uri(self.uri)
+            await run_blocking(self.executor, functools.partial(os.makedirs, path, exist_ok=True))
 
     async def list_names(self) -> list[str]:
         names: list[str] = await self._call("list")
