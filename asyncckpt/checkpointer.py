@@ -47,13 +47,25 @@ class AsyncCheckpointer:
     def __init__(self, config: CheckpointConfig | None = None, **options: Any) -> None:
         if config is not None and options:
             raise ConfigError("pass either config= or keyword options, not both")
-        self.config = config if config is not None else CheckpointConfig.from_options(**options)
-        self.runtime = Runtime(self.config)
+        cfg = config if config is not None else CheckpointConfig.from_options(**options)
+        self.runtime = Runtime(cfg)
         self.storage = StorageRouter(
-            self.config.routing(), executor=self.runtime.executor, on_stall=self.runtime.mark_stalled
+            cfg.routing(), executor=self.runtime.executor, on_stall=self.runtime.mark_stalled
         )
         #: the reusable host copy of ``staging="host"`` saves (mapped on first use)
         self.staging_area = StagingArea()
+
+    @property
+    def config(self) -> CheckpointConfig:
+        """The validated configuration (frozen)."""
+        return self.runtime.config
+
+    @config.setter
+    def config(self, config: CheckpointConfig) -> None:
+        """Replace the configuration between operations (a new frozen one, validated when it
+        was built): the runtime and the router take it from the next save or load on."""
+        self.runtime.config = config
+        self.storage.routing = config.routing()
 
     # -- lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> AsyncCheckpointer:
