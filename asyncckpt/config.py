@@ -121,6 +121,10 @@ class CheckpointConfig:
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.backend is not None and not isinstance(self.backend, str):
             raise ConfigError(f"backend must be a backend name or None, got {self.backend!r}")
+        if self.backend is not None:  # registered backends only: a typo fails here, not mid-run
+            from .sinks import check_backend
+
+            check_backend(self.backend)
         if not isinstance(self.backend_options, dict) or not all(
             isinstance(k, str) for k in self.backend_options
         ):
