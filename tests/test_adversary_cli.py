@@ -17,6 +17,7 @@ from asyncckpt import AsyncCheckpointer, CheckpointConfig, ConfigError
 from asyncckpt.sinks import BACKENDS
 
 from .conftest import mount, run_bench
+from .test_dlio_run import write_config
 
 #: a llama3-8b workload run scaled down to seconds: one write, one read, no emulated compute
 FAST_WORKLOAD = (
@@ -49,6 +50,27 @@ def one_line_error(run: subprocess.CompletedProcess[str], *needles: str) -> str:
     return lines[0]
 
 
+# -- 2, 4, 14: read-only targets and results folders ------------------------------------------
+
+
+def test_unwritable_results_dir_is_refused_before_the_run(tmp_path: Path, read_only: Path) -> None:
+    target = tmp_path / "ckpt"
+    run = run_bench(str(target), *FAST_WORKLOAD, "--results-dir", str(read_only / "res"), "-q", cwd=tmp_path)
+    one_line_error(run, "--results-dir", str(read_only / "res"))
+    assert not target.exists()  # nothing written: refused before any I/O
+    assert run.stdout == ""
+
+
+def test_workload_on_read_only_fs_is_one_line(tmp_path: Path, read_only: Path) -> None:
+    run = run_bench(str(read_only / "x"), *FAST_WORKLOAD, "-q", cwd=tmp_path)
+    one_line_error(run, str(read_only / "x"), "read-only")
+
+
+def test_plain_run_on_read_only_fs_is_bad_input(tmp_path: Path, read_only: Path) -> None:
+    run = run_bench(str(read_only / "x"), "--size", "64MiB", "-q", cwd=tmp_path)
+    one_line_error(run, str(read_only / "x"), "read-only")
+
+
 # -- 3: an unknown backend -----------------------------------------------------------------------
 
 
@@ -62,3 +84,29 @@ def test_unknown_backend_is_a_config_error_naming_the_choices(tmp_path: Path) ->
     run = run_bench(str(tmp_path / "x.bin"), "--backend", "nosuchbackend", "--size", "1MiB", cwd=tmp_path)
     one_line_error(run, "nosuchbackend", "file", "aiobotocore")
     assert list(tmp_path.iterdir()) == []
+
+
+# -- 10: folders the run made --------------------------------------------------------------------
+
+
+def test_a_workload_run_removes_the_folders_it_made_and_only_those(tmp_path: Path) -> None:
+    made = tmp_path / "a" / "b"
+    assert run_bench(str(made), *FAST_WORKLOAD, "-q", cwd=tmp_path).returncode == 0
+    assert list(tmp_path.iterdir()) == []
+    existing = tmp_path / "mine"
+    existing.mkdir()
+    assert run_bench(str(existing / "ck"), *FAST_WORKLOAD, "-q", cwd=tmp_path).returncode == 0
+    assert existing.is_dir() and list(existing.iterdir()) == []
+
+
+def test_a_relative_checkpoint_folder_leaves_nothing_behind(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, folder="./checkpoints/llama_8b", writes=1, reads=1)
+    run = run_bench("--config", str(cfg), "-q", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [cfg.name]
+
+
+def test_kept_checkpoints_keep_their_folders(tmp_path: Path) -> None:
+    made = tmp_path / "a" / "b"
+    assert run_bench(str(made), *FAST_WORKLOAD, "--keep", "-q", cwd=tmp_path).returncode == 0
+    assert any(made.rglob("*.pt"))

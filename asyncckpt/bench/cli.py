@@ -20,8 +20,10 @@ from ..collectives import job_comm
 from ..config import CheckpointConfig
 from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
 from ..modes import choices
+from ..sinks import path_from_uri, scheme_of
 from ..topology import world
 from ..units import parse_size
+from .folders import check_can_write
 from .grammar import RESERVED, check_target, split_command
 from .load_args import add_load_arguments, load_plan_from_args
 from .outputs import add_output_arguments, check_outputs, needs_records, write_outputs
@@ -161,6 +163,13 @@ def check_output_file(path: Path | None, option: str) -> None:
         raise ConfigError(f"{option} {str(path)!r}: directory {str(parent)!r} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ConfigError(f"{option} {str(path)!r} is not writable")
+
+
+def check_local_target(plan: BenchPlan) -> None:
+    """A save into a folder it cannot write is bad input, said before the first byte."""
+    target = plan.target
+    if plan.mode != "load" and target is not None and scheme_of(target) in ("", "file"):
+        check_can_write(path_from_uri(target).parent, f"cannot save to {target!r}")
 
 
 def plan_from_args(args: argparse.Namespace) -> BenchPlan:
@@ -308,6 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if plan.mode == "load":
                     raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
                 plan = plan.with_target(str(Path(tmp) / "checkpoint.bin"))
+            check_local_target(plan)
             if args.compare_backends:
                 report = compare_backends(plan, args.loop)
             else:
