@@ -17,6 +17,7 @@ from asyncckpt import AsyncCheckpointer, CheckpointConfig, ConfigError
 from asyncckpt.sinks import BACKENDS
 
 from .conftest import mount, run_bench
+from .test_cleanup import dead_pid, temp
 from .test_dlio_run import write_config
 
 #: a llama3-8b workload run scaled down to seconds: one write, one read, no emulated compute
@@ -110,3 +111,26 @@ def test_kept_checkpoints_keep_their_folders(tmp_path: Path) -> None:
     made = tmp_path / "a" / "b"
     assert run_bench(str(made), *FAST_WORKLOAD, "--keep", "-q", cwd=tmp_path).returncode == 0
     assert any(made.rglob("*.pt"))
+
+
+# -- 14: small CLI faults ------------------------------------------------------------------------
+
+
+def test_override_without_equals_is_an_error_naming_it(tmp_path: Path) -> None:
+    run = run_bench("+workload.checkpoint.fsync", "--size", "1MiB", cwd=tmp_path)
+    one_line_error(run, "+workload.checkpoint.fsync", "=")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_negative_size_is_an_invalid_size(tmp_path: Path) -> None:
+    line = one_line_error(run_bench("--size", "-1GiB", cwd=tmp_path), "--size", "-1GiB")
+    assert "expected one argument" not in line
+
+
+def test_cleanup_dry_run_says_what_it_would_remove(tmp_path: Path) -> None:
+    temp(tmp_path, dead_pid())
+    run = run_bench("cleanup", str(tmp_path), "--dry-run", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    row = next(line for line in run.stdout.splitlines() if "temporary file" in line)
+    assert "would remove" in row and "kept" not in row, run.stdout
+    assert len(list(tmp_path.iterdir())) == 1
