@@ -7,7 +7,9 @@ real (a tmpfs mounted ``ro``): root ignores mode bits, so a chmod'ed folder woul
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 from asyncckpt import AsyncCheckpointer, CheckpointConfig, ConfigError
 from asyncckpt.sinks import BACKENDS
 
-from .conftest import mount, run_bench
+from .conftest import ROOT, mount, run_bench
 from .test_cleanup import dead_pid, temp
 from .test_dlio_run import write_config
 
@@ -134,3 +136,21 @@ def test_cleanup_dry_run_says_what_it_would_remove(tmp_path: Path) -> None:
     row = next(line for line in run.stdout.splitlines() if "temporary file" in line)
     assert "would remove" in row and "kept" not in row, run.stdout
     assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_embedded_swift_checks_the_client_library_first(tmp_path: Path) -> None:
+    """Neither S3 client installed (hidden by a sitecustomize): refused before Swift starts."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['aiobotocore'] = None\nsys.modules['s3dlio'] = None\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "asyncckpt.bench", "--embedded-s3", "swift", "--size", "1MiB", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": f"{shim}{os.pathsep}{ROOT}"},
+    )
+    one_line_error(run, "aiobotocore")  # no "[asyncckpt] embedded swift S3 server at ..." line

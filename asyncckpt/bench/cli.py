@@ -20,7 +20,7 @@ from ..collectives import job_comm
 from ..config import CheckpointConfig
 from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
 from ..modes import choices
-from ..sinks import path_from_uri, scheme_of
+from ..sinks import backend_class, path_from_uri, resolve_backend, scheme_of
 from ..topology import world
 from ..units import parse_size
 from .folders import check_can_write
@@ -172,6 +172,12 @@ def check_local_target(plan: BenchPlan) -> None:
         check_can_write(path_from_uri(target).parent, f"cannot save to {target!r}")
 
 
+def check_client_library(target: str, backend: str | None) -> None:
+    """The S3 client library the run will use is installed (MissingDependencyError otherwise):
+    checked before an embedded server takes seconds to start."""
+    backend_class(resolve_backend(target, backend))
+
+
 def plan_from_args(args: argparse.Namespace) -> BenchPlan:
     """Turn arguments into a validated plan (raises ConfigError before any I/O)."""
     if world()[0] == 0:  # under mpirun only rank 0 writes the report
@@ -310,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="asyncckpt-bench-"))
             if args.embedded_s3 is not None:
                 from ..servers.embedded import start_for_bench
+
+                check_client_library(plan.target or "s3://", plan.config.backend)
 
                 default_target = start_for_bench(stack, args.embedded_s3)
                 plan = plan if plan.target is not None else plan.with_target(default_target)
