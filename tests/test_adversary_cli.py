@@ -8,6 +8,7 @@ real (a tmpfs mounted ``ro``): root ignores mode bits, so a chmod'ed folder woul
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from asyncckpt import AsyncCheckpointer, CheckpointConfig, ConfigError
+from asyncckpt.bench.subcommands import SUBCOMMANDS, NotYet
 from asyncckpt.sinks import BACKENDS
 
 from .conftest import ROOT, mount, run_bench
@@ -154,3 +156,44 @@ def test_embedded_swift_checks_the_client_library_first(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": f"{shim}{os.pathsep}{ROOT}"},
     )
     one_line_error(run, "aiobotocore")  # no "[asyncckpt] embedded swift S3 server at ..." line
+
+
+UNGUARDED = """\
+import asyncio
+from asyncckpt import AsyncCheckpointer
+
+async def main() -> None:
+    async with AsyncCheckpointer(chunk_size=1 << 20, num_buffers=2, isolation="process",
+                                 mp_start_method={method!r}) as ckpt:
+        await ckpt.save({target!r}, 1 << 20)
+        await ckpt.delete({target!r})
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_script_without_the_main_guard_is_told_so(tmp_path: Path, method: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED.format(method=method, target=str(tmp_path / "ck.bin")))
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert run.returncode != 0
+    assert "bootstrapping phase" not in run.stderr, run.stderr
+    said = [line for line in run.stderr.splitlines() if 'if __name__ == "__main__":' in line]
+    assert said and str(script) in said[0], run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+
+
+def test_words_the_docs_call_reserved_are_not_implemented() -> None:
+    for page in (ROOT / "README.md", ROOT / "docs" / "cli.md"):
+        text = " ".join(page.read_text().split())
+        for listed in re.findall(r"((?:`\w+`(?:, | and )?)+) (?:is |are )?reserved", text):
+            for word in re.findall(r"`(\w+)`", listed):
+                assert isinstance(SUBCOMMANDS[word], NotYet), f"{page.name} calls {word!r} reserved"

@@ -38,7 +38,7 @@ from ..sinks import backend_class, make_sink, resolve_backend
 from ..sinks.base import InPlaceWrite, Sink, SinkOptions
 from ..sources.base import GenSpec
 from . import child
-from ._proc import exit_text, preload_in_forkserver, reap, start_process
+from ._proc import exit_text, preload_in_forkserver, reap, refuse_unguarded_main, start_process
 from .policy import LOCAL_BACKENDS, WriterPolicy
 from .shm import SharedArena
 
@@ -99,6 +99,7 @@ class WriterProcess:
                 raise WriterProcessError(self._dead)
             if self._proc is not None:
                 return
+            refuse_unguarded_main()
             method = self.policy.start_method
             if method == "forkserver":
                 preload_in_forkserver()
