@@ -191,6 +191,33 @@ def test_a_script_without_the_main_guard_is_told_so(tmp_path: Path, method: str)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
 
 
+def test_the_quickstart_repeats_give_compare_a_verdict(tmp_path: Path) -> None:
+    """The quick start's two runs (scaled down), then its compare: every save metric judged."""
+    text = (ROOT / "docs" / "quickstart.md").read_text()
+    runs = [line for line in text.splitlines() if "asyncckpt.bench /" in line and "--json" in line]
+    assert len(runs) == 2, runs
+    for line in runs:
+        words = line.split("#")[0].split()[3:]
+        keep = [w for i, w in enumerate(words) if w.startswith("--repeat") or words[i - 1] == "--repeat"]
+        json_file = words[words.index("--json") + 1]
+        run = run_bench(str(tmp_path / "ck.bin"), *keep, "--json", json_file, *SMALL, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+    compare = next(line for line in text.splitlines() if "asyncckpt.bench compare" in line)
+    out = run_bench(*compare.split()[3:], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    saves = [line for line in out.stdout.splitlines() if line.startswith("save")]
+    assert saves and not any("no verdict" in line for line in saves), out.stdout
+
+
+SMALL = ("--size", "4MiB", "--chunk-size", "1MiB", "-q")
+
+
+def test_the_documented_s3_default_is_the_code_s() -> None:
+    text = (ROOT / "docs" / "backends.md").read_text()
+    assert "s3dlio when it is installed, else aiobotocore" in " ".join(text.split())
+    assert "the default S3 client" not in text
+
+
 def test_words_the_docs_call_reserved_are_not_implemented() -> None:
     for page in (ROOT / "README.md", ROOT / "docs" / "cli.md"):
         text = " ".join(page.read_text().split())
