@@ -13,7 +13,8 @@
 - *Overrides* are tokens starting with ``+`` or ``++`` and holding ``=`` (DLIO/Hydra style:
   ``+key=value`` adds a key, ``++key=value`` adds or replaces one). They are taken out of the
   argument list before ``argparse`` sees it; the workload loader (:mod:`.overrides`) applies them.
-  After ``--`` nothing is an override.
+  ``+name`` without ``=`` is an error naming it, never a target (write ``./+name``); ``+5`` is
+  an ordinary value. After ``--`` nothing is an override.
 """
 
 from __future__ import annotations
