@@ -11,6 +11,7 @@ from .priority import BACKGROUND_NICE, MAX_NICE
 from .secrets import protect_options
 from .sinks.base import SinkOptions
 from .sinks.isolation.policy import requested_start_method, resolve_policy
+from .sinks.registry import check_backend
 from .sinks.router import Routing
 from .units import GiB, MiB
 
@@ -123,6 +124,8 @@ class CheckpointConfig:
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.backend is not None and not isinstance(self.backend, str):
             raise ConfigError(f"backend must be a backend name or None, got {self.backend!r}")
+        if self.backend is not None:  # registered backends only: a typo fails here, not mid-run
+            check_backend(self.backend)
         if not isinstance(self.backend_options, dict) or not all(
             isinstance(k, str) for k in self.backend_options
         ):

@@ -69,8 +69,8 @@ def test_bench_on_read_only_fs_prints_one_line(tmp_path: Path) -> None:
         )
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr  # bad input, refused before any I/O
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert "Read-only file system" in lines[0] and str(mnt / "x.bin") in lines[0]
+    assert "read-only file system" in lines[0] and str(mnt / "x.bin") in lines[0]
     assert "Traceback" not in proc.stderr and proc.stdout == ""

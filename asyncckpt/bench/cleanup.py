@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from ..results.text import format_table
-from ..sinks.leftovers import find, remove
+from ..sinks.leftovers import Leftover, find, remove
 from ..units import parse_duration
 from .parsing import Parser
 
@@ -36,14 +36,18 @@ def cleanup_main(argv: list[str]) -> int:
     return asyncio.run(_run(args.target, older, args.dry_run))
 
 
+def _action(x: Leftover, gone: set[str], dry_run: bool) -> str:
+    """What was (or, in a dry run, would be) done with ``x``."""
+    if dry_run:
+        return "would remove" if x.removable else "kept"
+    return "removed" if x.where in gone else "kept"
+
+
 async def _run(target: str, older_than: float | None, dry_run: bool) -> int:
     found = await find(target, older_than)
     removed = [] if dry_run else await remove(found, target)
     gone = {x.where for x in removed}
-    rows = [
-        (x.kind, x.where, _age(x.age_s), x.owner, ("removed" if x.where in gone else "kept") + f": {x.why}")
-        for x in found
-    ]
+    rows = [(x.kind, x.where, _age(x.age_s), x.owner, f"{_action(x, gone, dry_run)}: {x.why}") for x in found]
     if rows:
         print(format_table(["what", "where", "age", "owner", "action"], rows))
     print(f"{len(found)} leftover(s), {len(removed)} removed{' (dry run)' if dry_run else ''}")

@@ -21,7 +21,9 @@ from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, Target
 from ..modes import choices
 from ..node.collectives import job_comm
 from ..node.topology import world
+from ..sinks import backend_class, path_from_uri, resolve_backend, scheme_of
 from ..units import parse_size
+from .folders import check_can_write
 from .grammar import RESERVED, check_target, split_command
 from .load_args import add_load_arguments, load_plan_from_args
 from .outputs import add_output_arguments, check_outputs, needs_records, write_outputs
@@ -162,6 +164,19 @@ def check_output_file(path: Path | None, option: str) -> None:
         raise ConfigError(f"{option} {str(path)!r}: directory {str(parent)!r} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ConfigError(f"{option} {str(path)!r} is not writable")
+
+
+def check_local_target(plan: BenchPlan) -> None:
+    """A save into a folder it cannot write is bad input, said before the first byte."""
+    target = plan.target
+    if plan.mode != "load" and target is not None and scheme_of(target) in ("", "file"):
+        check_can_write(path_from_uri(target).parent, f"cannot save to {target!r}")
+
+
+def check_client_library(target: str, backend: str | None) -> None:
+    """The S3 client library the run will use is installed (MissingDependencyError otherwise):
+    checked before an embedded server takes seconds to start."""
+    backend_class(resolve_backend(target, backend))
 
 
 def plan_from_args(args: argparse.Namespace) -> BenchPlan:
@@ -316,12 +331,15 @@ def _main(argv: Sequence[str] | None) -> int:
             if args.embedded_s3 is not None:
                 from ..servers.embedded import start_for_bench
 
+                check_client_library(plan.target or "s3://", plan.config.backend)
+
                 default_target = start_for_bench(stack, args.embedded_s3)
                 plan = plan if plan.target is not None else plan.with_target(default_target)
             if plan.target is None:
                 if plan.mode == "load":
                     raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
                 plan = plan.with_target(str(Path(tmp) / "checkpoint.bin"))
+            check_local_target(plan)
             if args.compare_backends:
                 report = compare_backends(plan, args.loop)
             else:

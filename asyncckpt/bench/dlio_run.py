@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -31,7 +30,13 @@ from typing import Any
 
 from ..checkpointer import AsyncCheckpointer
 from ..engine.monitor import now
-from ..errors import ConfigError, MissingDependencyError, StepNotCommittedError, TargetNotFoundError
+from ..errors import (
+    ConfigError,
+    MissingDependencyError,
+    StepNotCommittedError,
+    StorageError,
+    map_os_error,
+)
 from ..node.distributed import Comm
 from ..results.records import Result
 from ..results.text import RULE, format_table, gbps
@@ -40,6 +45,7 @@ from ..steps import COMMIT, get_record
 from .aggregate import aggregate_checkpoint, summarize
 from .dlio_layout import DLIO_GB, CheckpointPlan, PlannedObject, RankPlan, scaled, step_directory
 from .dlio_plan import format_plan, make_plan, plan_ranks, subset_note, world_note
+from .folders import check_can_write, make_folders, remove_empty
 from .guard import Writes
 from .mlperf_results import host_facts, write_results_dir
 from .mpi_runner import RankFailure, outcome_of, settle
@@ -77,13 +83,25 @@ def _setup(base: str | None, steps: int, mode: str) -> dict[str, Any]:
         if root.exists() and not root.is_dir():
             raise ConfigError(f"the checkpoint folder {str(root)!r} is a file, not a folder")
         if mode != "load":
-            root.mkdir(parents=True, exist_ok=True)
+            check_can_write(root, f"cannot write checkpoints to {str(root)!r}")
+            try:
+                made += make_folders(root)
+            except OSError as exc:
+                raise map_os_error(exc, f"create the checkpoint folder {str(root)!r}") from None
             for step in range(1, steps + 1):
                 d = root / step_directory(1, step)
                 if not d.exists():
                     d.mkdir()
                     made.append(str(d))
     return {"base": base, "created": created, "made_dirs": made}
+
+
+def _undo_setup(shared: dict[str, Any]) -> None:
+    """Remove the folders the setup made (base, its parents, step folders), each only if
+    empty, and the temporary base it created."""
+    remove_empty(shared["made_dirs"])
+    if shared["created"]:
+        shutil.rmtree(shared["created"], ignore_errors=True)
 
 
 async def _phase(
@@ -285,6 +303,8 @@ def main_workload(
             raise ConfigError(
                 f"--results-dir {args.results_dir!r} already has a summary.json; give an empty folder"
             )
+        if args.results_dir and root:  # only rank 0 writes it, at the end: checked now
+            check_can_write(Path(args.results_dir), f"--results-dir {args.results_dir!r}")
         layout = make_plan(wl.model, comm.size, info.reference_ranks)
         mine = scaled(layout.rank_plans[comm.rank], args.scale)
         empty = [o.name for o in mine.objects if o.size <= 0]
@@ -294,15 +314,15 @@ def main_workload(
             )
         if root:
             setup = _setup(bench.target, bench.repeat if bench.mode != "load" else 0, bench.mode)
-    except (ConfigError, MissingDependencyError, TargetNotFoundError) as exc:
+    except (ConfigError, MissingDependencyError, StorageError) as exc:
         error = str(exc)
     errors = comm.allgather(error)
     shared: dict[str, Any] | None = comm.bcast(setup if root else None)
     bad = next(((r, e) for r, e in enumerate(errors) if e), None)
     if bad is not None or not shared:
         r, e = bad or (0, "no setup from rank 0")
-        if root and shared and shared.get("created"):
-            shutil.rmtree(shared["created"], ignore_errors=True)
+        if root and shared:
+            _undo_setup(shared)
         return say(2, f"error: {e}" if r == 0 else f"error on rank {r}: {e}")
     base = str(shared["base"])
     config = replace(bench.config, seed=bench.config.seed + comm.rank)  # distinct data per rank
@@ -355,15 +375,10 @@ def main_workload(
 
 
 def _remove_setup(shared: dict[str, Any], bench: BenchPlan) -> None:
-    """Rank 0, at the end: the step folders this run made (only if empty) and its temporary
-    base folder, unless ``--keep`` (a load-only run made neither)."""
-    if bench.keep or bench.mode == "load":
-        return
-    for d in reversed(shared["made_dirs"]):
-        with contextlib.suppress(OSError):
-            os.rmdir(d)
-    if shared["created"]:
-        shutil.rmtree(shared["created"], ignore_errors=True)
+    """Rank 0, at the end: what the setup made (folders only if empty, the temporary base),
+    unless ``--keep`` (a load-only run made neither)."""
+    if not bench.keep and bench.mode != "load":
+        _undo_setup(shared)
 
 
 def build_report(

@@ -13,7 +13,8 @@
 - *Overrides* are tokens starting with ``+`` or ``++`` and holding ``=`` (DLIO/Hydra style:
   ``+key=value`` adds a key, ``++key=value`` adds or replaces one). They are taken out of the
   argument list before ``argparse`` sees it; the workload loader (:mod:`.overrides`) applies them.
-  After ``--`` nothing is an override.
+  ``+name`` without ``=`` is an error naming it, never a target (write ``./+name``); ``+5`` is
+  an ordinary value. After ``--`` nothing is an override.
 """
 
 from __future__ import annotations
@@ -52,13 +53,15 @@ class Command:
 def parse_override(token: str) -> Override:
     m = _OVERRIDE.match(token)
     if m is None:
-        raise ConfigError(f"override {token!r} must look like +key=value or ++key=value")
+        raise ConfigError(f"override {token!r} must look like +key=value or ++key=value (no '=' given?)")
     return Override(token=token, key=m.group(2), value=m.group(3), force=m.group(1) == "++")
 
 
 def is_override(token: str) -> bool:
-    """``+``/``++`` prefix and an ``=``: an override (``+5`` alone stays an ordinary value)."""
-    return token.startswith("+") and "=" in token
+    """``+``/``++`` then a name or an ``=``: an override, checked by :func:`parse_override` (so
+    ``+key`` without ``=`` is an error naming it, not a target); ``+5`` stays an ordinary value."""
+    name = token.removeprefix("++") if token.startswith("++") else token.removeprefix("+")
+    return token.startswith("+") and ("=" in token or name[:1].isalpha() or name[:1] == "_")
 
 
 def split_command(argv: Sequence[str]) -> Command:
@@ -91,12 +94,19 @@ def check_target(target: str | None) -> None:
         )
 
 
-def not_yet(name: str) -> Callable[[list[str]], int]:
-    """Handler of a reserved word no release implements yet."""
+class NotYet:
+    """Handler of a reserved word no release implements yet (docs may call only these reserved)."""
 
-    def run(argv: list[str]) -> int:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, argv: list[str]) -> int:
         raise ConfigError(
-            f"{name!r} is reserved for a future subcommand; for a target named {name}, write ./{name}"
+            f"{self.name!r} is reserved for a future subcommand; for a target named {self.name}, "
+            f"write ./{self.name}"
         )
 
-    return run
+
+def not_yet(name: str) -> Callable[[list[str]], int]:
+    """Handler of a reserved word no release implements yet."""
+    return NotYet(name)

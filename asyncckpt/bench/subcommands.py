@@ -11,7 +11,7 @@ from ..errors import ConfigError, MissingDependencyError, TargetNotFoundError
 from ..results.text import format_table
 from .cleanup import cleanup_main
 from .compare import ALPHA, compare_docs
-from .grammar import Command, Override, not_yet
+from .grammar import Command, NotYet, Override, not_yet
 from .outputs import add_output_arguments, check_outputs, render_text, write_outputs
 from .parsing import Parser
 from .resultfiles import load_result
@@ -114,6 +114,9 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "cleanup": cleanup_main,
     "plan": not_yet("plan"),
 }
+
+
+__all__ = ["SUBCOMMANDS", "NotYet", "run_subcommand"]
 
 
 def run_subcommand(cmd: Command) -> int:

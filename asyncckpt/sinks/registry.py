@@ -40,6 +40,12 @@ def scheme_of(uri: str) -> str:
     return urlsplit(uri).scheme.lower()
 
 
+def check_backend(name: str) -> None:
+    """An unknown backend name is bad input, named with the choices (not a bare KeyError)."""
+    if name not in BACKENDS:
+        raise UnsupportedSchemeError(f"unknown backend {name!r}; choose one of {', '.join(sorted(BACKENDS))}")
+
+
 def resolve_backend(uri: str, backend: str | None = None) -> str:
     """The name of the library that will serve ``uri``: explicit, else the scheme's default.
 
@@ -51,10 +57,8 @@ def resolve_backend(uri: str, backend: str | None = None) -> str:
     if scheme not in SCHEMES:
         known = ", ".join(f"{s}://" for s in sorted(SCHEMES) if s) + ", or a plain path"
         raise UnsupportedSchemeError(f"unsupported URI scheme {scheme!r} in {uri!r}; use {known}")
-    if backend is not None and backend not in BACKENDS:
-        raise UnsupportedSchemeError(
-            f"unknown backend {backend!r}; choose one of {', '.join(sorted(BACKENDS))}"
-        )
+    if backend is not None:
+        check_backend(backend)
     name = SCHEMES[scheme] if backend is None else backend
     return auto_backend() if name == "s3" else name
 
@@ -65,6 +69,7 @@ def backend_class(name: str) -> type[Sink]:
     it, never the client library itself."""
     if name in S3_BACKENDS:
         return sink_class(name)
+    check_backend(name)
     factory = BACKENDS[name]
     if not (isinstance(factory, type) and issubclass(factory, Sink)):
         raise ConfigError(f"backend {name!r} is registered as a factory, not a Sink class")

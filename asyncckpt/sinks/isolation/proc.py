@@ -4,12 +4,50 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import signal
+import sys
 import threading
 from multiprocessing.process import BaseProcess
 
+#: exit code of a process that stopped because it was re-running an unguarded script's body
+UNGUARDED_MAIN_EXIT = 78
+GUARD = 'if __name__ == "__main__":'
+
+
+def main_script() -> str:
+    main = sys.modules.get("__main__")
+    return str(getattr(main, "__file__", None) or "the main module")
+
+
+def rerun_script() -> str | None:
+    """The script whose body this call comes from when that body is being re-run as
+    ``__mp_main__``: spawn and forkserver re-import the main module in each new process, and a
+    script without the ``__main__`` guard then runs its whole body again there."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__":
+            return str(frame.f_globals.get("__file__") or "the main module")
+        frame = frame.f_back
+    return None
+
+
+def refuse_unguarded_main() -> None:
+    """Stop, with one line, a writer start from a script body being re-run by multiprocessing
+    (which would otherwise fail with its long "bootstrapping phase" RuntimeError)."""
+    script = rerun_script()
+    if script is not None:
+        print(
+            f"asyncckpt: {script} has no {GUARD} guard: a writer process (spawn/forkserver) "
+            "re-imports it and ran its whole body again; put the code that saves under that guard",
+            file=sys.stderr,
+        )
+        raise SystemExit(UNGUARDED_MAIN_EXIT)
+
 
 def exit_text(code: int | None) -> str:
+    if code == UNGUARDED_MAIN_EXIT:
+        return f"stopped: {main_script()} has no {GUARD} guard and re-ran its body in the writer"
     if code is None:
         return "is still running"
     if code < 0:

@@ -41,7 +41,7 @@ from ..file import path_from_uri
 from ..registry import backend_class, make_sink, resolve_backend
 from . import child
 from .policy import LOCAL_BACKENDS, WriterPolicy
-from .proc import exit_text, preload_in_forkserver, reap, start_process
+from .proc import exit_text, preload_in_forkserver, reap, refuse_unguarded_main, start_process
 from .shm import SharedArena
 
 log = logging.getLogger("asyncckpt")
@@ -101,6 +101,7 @@ class WriterProcess:
                 raise WriterProcessError(self._dead)
             if self._proc is not None:
                 return
+            refuse_unguarded_main()
             method = self.policy.start_method
             if method == "forkserver":
                 preload_in_forkserver()
