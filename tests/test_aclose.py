@@ -10,6 +10,7 @@ from pathlib import Path
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.blocking import Offload
+from asyncckpt.engine.runtime import Runtime
 from asyncckpt.pool import BufferPool
 from asyncckpt.sinks.base import SinkOptions
 from asyncckpt.sinks.file import FileSink
@@ -36,27 +37,35 @@ class RecordingPool(BufferPool):
         super().close()
 
 
-class RecordingCheckpointer(AsyncCheckpointer):
+class RecordingRuntime(Runtime):
     """Where the executor is shut down and the pool unmapped, by thread."""
 
     seen: dict[str, int]
 
-    def _new_executor(self) -> Offload:
+    def new_executor(self) -> Offload:
         return RecordingOffload(self.config.num_buffers + 2, self.seen)
 
-    def _new_pool(self, shared: bool) -> BufferPool:
+    def new_pool(self, shared: bool) -> BufferPool:
         assert not shared
         return RecordingPool(self.config.chunk_size, self.config.num_buffers, self.seen)
 
 
+def RecordingCheckpointer(**options: object) -> AsyncCheckpointer:
+    """A checkpointer whose runtime records where it shuts down and unmaps (its public
+    factories, ``Runtime.new_executor`` / ``new_pool``, overridden)."""
+    ckpt = AsyncCheckpointer(**options)
+    ckpt.runtime.__class__ = RecordingRuntime  # before any use: nothing built yet
+    return ckpt
+
+
 async def test_aclose_shuts_down_and_unmaps_off_the_loop_thread() -> None:
     ckpt = RecordingCheckpointer(chunk_size=1 * MiB, num_buffers=2)
-    ckpt.seen = {}
+    ckpt.runtime.seen = {}  # type: ignore[attr-defined]
     await ckpt.save("null://aclose", 4 * MiB)
     await ckpt.aclose()
     loop_thread = threading.get_ident()
-    assert set(ckpt.seen) == {"shutdown", "unmap"}
-    on_loop = sorted(what for what, thread in ckpt.seen.items() if thread == loop_thread)
+    assert set(ckpt.runtime.seen) == {"shutdown", "unmap"}
+    on_loop = sorted(what for what, thread in ckpt.runtime.seen.items() if thread == loop_thread)
     assert on_loop == [], f"ran on the event-loop thread: {on_loop}"
 
 

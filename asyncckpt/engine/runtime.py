@@ -91,9 +91,17 @@ class Runtime:
         if self._stalled:  # threads may still hold buffers: neither is reused (watchdog.py)
             self._executor, self._pool, self._stalled = None, None, False
         if self._executor is None:
-            # the thread budget: as many blocking calls at once as buffers, plus open/commit
-            self._executor = Offload(self.config.num_buffers + 2)
+            self._executor = self.new_executor()
         return self._executor
+
+    def new_executor(self) -> Offload:
+        """The thread budget: as many blocking calls at once as buffers, plus open/commit."""
+        return Offload(self.config.num_buffers + 2)
+
+    def new_pool(self, shared: bool) -> BufferPool:
+        """The buffer pool; in shared memory when a writer process must see it."""
+        cls = SharedBufferPool if shared else BufferPool
+        return cls(self.config.chunk_size, self.config.num_buffers)
 
     def mark_stalled(self) -> None:
         """The stall watchdog gave up on a call: retire the pool and executor at next use."""
@@ -212,8 +220,7 @@ class Runtime:
             await run_blocking(self.executor(), self._pool.close)
             self._pool = None
         if self._pool is None:
-            cls = SharedBufferPool if shared else BufferPool
-            pool = cls(self.config.chunk_size, self.config.num_buffers)
+            pool = self.new_pool(shared)
             await run_blocking(self.executor(), pool.touch)
             self._pool = pool
         return self._pool
