@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..cpu import CpuCounters, CpuTally
 from ..errors import ConfigError
-from .store import Shared
+from .shared import Shared
 
 if TYPE_CHECKING:
     from ..sources.base import GenSpec
-    from .store import Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +72,7 @@ class Sink(ABC):
         imported on the caller's loop whenever a configuration's capabilities are checked."""
 
     def __init__(
-        self, uri: str, *, executor: Executor, options: SinkOptions, store: Store | None = None
+        self, uri: str, *, executor: Executor, options: SinkOptions, shared: Shared | None = None
     ) -> None:
         self.committed = False  # set once complete() published the object (asyncckpt.sinks.commit)
         #: CPU seconds of this handle's storage calls, measured in their threads; ``None`` for
@@ -83,8 +82,8 @@ class Sink(ABC):
         self.executor = executor
         self.options = options
         #: what this backend's objects share (clients, settings): the store's, else private
-        self.shared = store.shared if store is not None else Shared()
-        self._owns_shared = store is None
+        self.shared = shared if shared is not None else Shared()
+        self._owns_shared = shared is None
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Start what the sink runs on (a writer process), no storage I/O; idempotent. The
