@@ -142,8 +142,8 @@ def test_thread_clock_counts_only_the_calling_thread() -> None:
 async def test_summaries_carry_the_cost() -> None:
     """The CLI's per-phase summary and a multi-rank report's per-rank entries show it too."""
     from asyncckpt.bench.aggregate import aggregate_checkpoint
+    from asyncckpt.bench.report import format_phases
     from asyncckpt.bench.runner import _stats
-    from asyncckpt.results.text import format_phases
 
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=7) as ckpt:
         results = [await ckpt.save("null://sum", 4 * CHUNK) for _ in range(2)]

@@ -233,8 +233,8 @@ def run_with_loop(kind: str, factory: Callable[[], Coroutine[Any, Any, Any]]) ->
 
 def compare_backends(plan: BenchPlan, loop: str) -> BenchReport:
     """Every installed S3 backend on the same target, size and settings; one table."""
-    from ..results.text import format_backend_comparison
     from ..sinks.s3 import installed_backends
+    from .report import format_backend_comparison
 
     if plan.target is None or not plan.target.startswith("s3://"):
         raise ConfigError(f"--compare-backends needs an s3://bucket/key target, got {plan.target!r}")

@@ -31,12 +31,12 @@ from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, Target
 from ..node.distributed import Comm
 from ..results.records import LoadResult, Result, SaveResult
 from ..results.schema import SCHEMA_VERSION
-from ..results.text import format_distributed
 from ..sinks import path_from_uri, scheme_of
 from ..sinks.s3.endpoints import rank_endpoint
 from .aggregate import aggregate_checkpoint, summarize
 from .guard import Writes
 from .progress import Bar, progress_bar
+from .report import format_distributed
 from .runner import BenchPlan
 from .scaleout import ScaleoutInfo
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import ConfigError, MissingDependencyError
 from ..results.records import result_from_dict
-from ..results.text import (
+from .report import (
     format_backend_comparison,
     format_comparison,
     format_distributed,

@@ -12,10 +12,10 @@ from ..checkpointer import AsyncCheckpointer
 from ..config import CheckpointConfig
 from ..results.records import LoadResult, Result
 from ..results.schema import SCHEMA_VERSION
-from ..results.text import format_comparison, format_phases, format_summary
 from .guard import Writes
 from .load_args import drop_caches
 from .progress import progress_bar
+from .report import format_comparison, format_phases, format_summary
 
 
 @dataclass(frozen=True, kw_only=True)
