@@ -1,4 +1,4 @@
-"""The library's human-facing text: one result's block, its units, aligned tables.
+"""The library's human-facing units and tables (a result's text block is ``str(result)``).
 
 Sizes are in GiB (2**30) and rates in GB/s (10**9 B/s, as storage vendors and MLPerf
 Storage quote them); every figure carries its unit so the two are never confused.
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-from .records import LoadResult, RunMetadata, RunResult, SaveResult
 
 RULE = "=" * 78
 
@@ -28,111 +26,6 @@ def gbps(bps: float | None) -> str:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
-
-
-def format_result(r: RunResult) -> str:
-    """The results block of one save or load."""
-    if isinstance(r, LoadResult):
-        return format_load(r)
-    assert isinstance(r, SaveResult)
-    return format_save(r)
-
-
-def format_cpu(r: RunResult) -> str:
-    """CPU-s per GB in total (and what it covers), then per measured stage."""
-    total = r.cpu_s_per_gb
-    if total is None:
-        return "not measured (result written before schema 2.2)"
-    scope = "this process + writer process" if r.writer_cpu_s is not None else "this process"
-    stages = ", ".join(f"{k} {v:.3f}" for k, v in r.cpu_stages_s_per_gb.items())
-    return f"{total:.3f} CPU-s/GB ({scope}){'; stages: ' + stages if stages else ''}"
-
-
-def _cpu_priority(m: RunMetadata) -> str:
-    if m.cpu_nice is None:  # a file older than 2.3
-        return ""
-    beside = ", beside the loop's CPU" if m.cpu_pinned else ""
-    return f"; CPU work at nice {m.cpu_nice}{', SCHED_IDLE' if m.cpu_idle else ''}{beside}"
-
-
-def format_save(r: SaveResult) -> str:
-    """The results block of one save: generation, checksums and writes kept apart."""
-    m = r.metadata
-    d = r.to_dict()
-    counts = " / ".join(f"{k} {v:,}" for k, v in r.bottleneck_counts.items())
-    close = ", ".join(f"{k.removesuffix('_s')} {v:.3f} s" for k, v in r.close_detail.items())
-    lat, wlat, lag = r.chunk_latency_s, r.write_latency_s, r.loop_lag_s
-    direct = "on" if m.direct_io else "OFF"
-    gen = (
-        f"{m.generator} (seed {m.seed}, threads {m.gen_threads} of {m.gen_threads_requested} requested; "
-        f"budget {m.thread_budget_threads} by the {m.thread_budget_rule} rule{_cpu_priority(m)})"
-    )
-    lines = [
-        RULE,
-        f"{r.operation.upper()} {r.method}: {gib(r.size_bytes)} → {m.uri} [{m.backend}]",
-        RULE,
-        f"Throughput:        {gbps(r.throughput_bps)}  ({gib(r.size_bytes)} in {r.wall_s:.3f} s, end to end)",
-        f"Generation:        {r.gen_s:.3f} s @ {gbps(d['gen_bps'])}  (pure fill time)",
-        f"Checksum:          {r.checksum_s:.3f} s @ {gbps(d['checksum_bps'])}  (CRC32C, beside each write)",
-        f"I/O:               {r.io_s:.3f} s @ {gbps(d['io_bps'])}",
-        f"  - write:         {r.write_s:.3f} s",
-        f"  - close:         {r.close_s:.3f} s ({close or 'no detail'})",
-        f"Open:              {r.open_s:.3f} s",
-        f"Throughput ratio:  {_ratio(d['gen_io_ratio'])} (gen/io)",
-        f"Pipeline overhead: {r.overhead_pct:.1f}%",
-        f"Bottleneck:        {r.bottleneck}  (chunks: {counts})",
-        f"Waits:             producer for buffers {r.wait_free_s:.3f} s, "
-        f"writers for data {r.wait_data_s:.3f} s",
-        f"Chunks:            {r.chunks:,} × {mib(m.chunk_size)}; latency p50 {ms(lat.p50)} p90 {ms(lat.p90)} "
-        f"p99 {ms(lat.p99)} max {ms(lat.max)}",
-        f"Write latency:     p50 {ms(wlat.p50)} p99 {ms(wlat.p99)} max {ms(wlat.max)}",
-        f"Event-loop lag:    p50 {ms(lag.p50)} p99 {ms(lag.p99)} max {ms(lag.max)} ({m.event_loop})",
-        f"CPU:               {format_cpu(r)}",
-        f"Memory:            peak RSS {mib(r.peak_rss_bytes)} "
-        f"(+{mib(r.peak_rss_bytes - r.baseline_rss_bytes)} during the run); pool {mib(m.pool_bytes)}",
-        f"Direct I/O:        {direct} — {m.direct_io_reason}; fsync {'on' if m.fsync else 'off'}",
-        f"Writer:            {_writer(m.extra)}",
-        f"Generator:         {gen}",
-        f"Ranks on node:     {m.local_ranks} (from {m.local_ranks_source}); usable CPUs {m.usable_cpus}",
-        f"Host:              {m.hostname}, Python {m.python}",
-        RULE,
-    ]
-    return "\n".join(lines + format_endpoints(m.extra))
-
-
-def format_load(r: LoadResult) -> str:
-    """The results block of one load: reads, verification and the caller kept apart."""
-    m, d, x = r.metadata, r.to_dict(), r.metadata.extra
-    counts = " / ".join(f"{k} {v:,}" for k, v in r.bottleneck_counts.items())
-    rl, lag = r.read_latency_s, r.loop_lag_s
-    verify = x.get("verify", "?")
-    regen = f", of which regeneration {x.get('regenerate_s', 0.0):.3f} s" if verify == "regenerate" else ""
-    lines = [
-        RULE,
-        f"LOAD: {gib(r.size_bytes)} ← {m.uri} [{m.backend}]",
-        RULE,
-        f"Throughput:        {gbps(r.throughput_bps)}  ({gib(r.size_bytes)} in {r.wall_s:.3f} s, end to end)",
-        f"Read (I/O):        {r.read_s:.3f} s @ {gbps(d['read_bps'])}"
-        f"  ({m.max_in_flight} reader(s) × {mib(m.chunk_size)})",
-        f"Verify:            {verify}: {r.verify_s:.3f} s @ {gbps(d['verify_bps'])}{regen}",
-        f"Consumer:          {r.consume_s:.3f} s  (verification + caller, per chunk, summed)",
-        f"Open:              {r.open_s:.3f} s (stat + manifest + open)",
-        f"Bottleneck:        {r.bottleneck}  (chunks: {counts})",
-        f"Waits:             for free buffers {r.wait_free_s:.3f} s, "
-        f"consumer for reads {r.wait_data_s:.3f} s",
-        f"Read latency:      p50 {ms(rl.p50)} p90 {ms(rl.p90)} p99 {ms(rl.p99)} max {ms(rl.max)} "
-        f"({r.chunks:,} reads)",
-        f"Event-loop lag:    p50 {ms(lag.p50)} p99 {ms(lag.p99)} max {ms(lag.max)} ({m.event_loop})",
-        f"CPU:               {format_cpu(r)}",
-        f"Memory:            peak RSS {mib(r.peak_rss_bytes)} "
-        f"(+{mib(r.peak_rss_bytes - r.baseline_rss_bytes)} during the run); pool {mib(m.pool_bytes)}",
-        f"Cache defeat:      {'O_DIRECT' if m.direct_io else 'no O_DIRECT'} — {m.direct_io_reason}",
-        f"Manifest:          {m.generator} (seed {m.seed}), chunk {mib(x.get('manifest_chunk_size', 0))}",
-        RULE,
-    ]
-    if "identity_note" in x:
-        lines.insert(-1, f"Note:              {x['identity_note']}")
-    return "\n".join(lines + format_endpoints(x))
 
 
 def format_endpoints(extra: Mapping[str, Any]) -> list[str]:
@@ -164,20 +57,6 @@ def format_endpoints(extra: Mapping[str, Any]) -> list[str]:
         head + f"; {extra.get('endpoint_retries', 0)} part(s) retried elsewhere",
         format_table(headers, rows),
     ]
-
-
-def _writer(extra: Mapping[str, object]) -> str:
-    """Where the sink ran: in-process, or which writer process and why."""
-    if extra.get("isolation") != "process":
-        return "in-process"
-    return (
-        f"process pid {extra.get('writer_pid')}, {extra.get('mp_start_method')} "
-        f"(from {extra.get('mp_start_method_source')}); {extra.get('isolation_reason')}"
-    )
-
-
-def _ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
