@@ -43,6 +43,7 @@ from .common import ErrorFields, log
 from .core import MultipartSink
 from .endpoints import is_failover_error
 from .log_guard import guard_botocore_logs
+from .part_body import part_body_class
 
 if TYPE_CHECKING:
     from aiobotocore.session import AioSession
@@ -65,11 +66,9 @@ def _aiobotocore() -> _Library:
         from aiobotocore.config import AioConfig
         from aiobotocore.session import get_session
         from botocore.exceptions import ClientError, EndpointConnectionError
-
-        from .part_body import PartBody
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise MissingDependencyError("aiobotocore", "aiobotocore", "backend 'aiobotocore' (s3://)") from exc
-    return _Library(AioConfig, get_session, ClientError, EndpointConnectionError, PartBody)
+    return _Library(AioConfig, get_session, ClientError, EndpointConnectionError, part_body_class())
 
 
 T = TypeVar("T")
