@@ -142,11 +142,11 @@ async def test_summaries_carry_the_cost() -> None:
     """The CLI's per-phase summary and a multi-rank report's per-rank entries show it too."""
     from asyncckpt.bench.aggregate import aggregate_checkpoint
     from asyncckpt.bench.report import format_phases
-    from asyncckpt.bench.runner import _stats
+    from asyncckpt.bench.runner import method_stats
 
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=7) as ckpt:
         results = [await ckpt.save("null://sum", 4 * CHUNK) for _ in range(2)]
-    stats = _stats(list(results))
+    stats = method_stats(list(results))
     assert stats["cpu_s_per_gb_mean"] == pytest.approx(sum(r.cpu_s_per_gb or 0 for r in results) / 2)
     assert "CPU-s/GB" in format_phases({"streaming": stats})
     ranks = aggregate_checkpoint([r.to_dict() for r in results])["per_rank"]

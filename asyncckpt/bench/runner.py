@@ -54,10 +54,10 @@ class BenchReport:
         for method in self.plan.methods:
             rs = [r for r in self.results if r.method == method and r.operation == "save"]
             if rs:
-                out[method] = _stats(rs)
+                out[method] = method_stats(rs)
         loads = [r for r in self.results if r.operation == "load"]
         if loads:
-            out["load"] = _stats(loads)
+            out["load"] = method_stats(loads)
         return out
 
     def to_json(self, *, records: bool = False) -> dict[str, Any]:
@@ -71,7 +71,8 @@ class BenchReport:
         }
 
 
-def _stats(rs: list[Result]) -> dict[str, float]:
+def method_stats(rs: list[Result]) -> dict[str, float]:
+    """Mean and stdev of one method's runs (what ``format_phases``/``format_summary`` show)."""
     tput = [r.throughput_bps for r in rs]
     dur = [r.wall_s for r in rs]
     io = [r.size_bytes / r.io_s if r.io_s > 0 else 0.0 for r in rs]

@@ -111,7 +111,7 @@ def _backoff(attempt: int) -> float:
     return step / 2 + random.uniform(0, step / 2)
 
 
-def _warm_session() -> AioSession:
+def warm_session() -> AioSession:
     """A process-wide session whose loader has read the S3 model (blocking file I/O)."""
     global _session
     with _session_lock:
@@ -148,7 +148,7 @@ class AiobotocoreSink(MultipartSink):
         shared by every object of the store."""
 
         async def make() -> Any:
-            session = await run_blocking(self.executor, _warm_session)
+            session = await run_blocking(self.executor, warm_session)
             return self._new_client(session, url)
 
         return await self.shared.enter(("aiobotocore", url), make)
