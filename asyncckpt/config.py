@@ -13,6 +13,7 @@ from .sinks.base import SinkOptions
 from .sinks.isolation.policy import requested_start_method, resolve_policy
 from .sinks.registry import check_backend
 from .sinks.router import Routing
+from .sinks.s3.config import S3Settings
 from .units import GiB, MiB
 
 DATA_GEN_ENV = env.DATA_GEN
@@ -133,8 +134,6 @@ class CheckpointConfig:
         # secrets wrapped (repr shows Secret('**********')), endpoint URLs without user:password@
         object.__setattr__(self, "backend_options", protect_options(self.backend_options))
         if self.backend_options:  # S3 options (the only backend options): refused now, not mid-run
-            from .sinks.s3.config import S3Settings
-
             S3Settings.resolve({**self.backend_options, "dotenv": False}, env={})
         if self.max_in_flight is not None:
             _positive_int("max_in_flight", self.max_in_flight)

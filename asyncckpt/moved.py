@@ -32,7 +32,7 @@ MOVED: dict[str, str] = {
     "isolation.child": "sinks.isolation.child",
     "isolation.policy": "sinks.isolation.policy",
     "isolation.process_sink": "sinks.isolation.process_sink",
-    "isolation.shm": "sinks.isolation.shm",
+    "isolation.shm": "sinks.shm",
     "launcher": "node.launcher",
     "leftovers": "sinks.leftovers",
     "load_api": "engine.load",

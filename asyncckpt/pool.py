@@ -92,7 +92,7 @@ class BufferPool:
             PoolBuffer(i, self._view[i * chunk_size : (i + 1) * chunk_size]) for i in range(num_buffers)
         ]
         self._free: deque[PoolBuffer] = deque(self._buffers)
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._free_waiters: deque[asyncio.Future[None]] = deque()
         self._peak = 0
         self._acquires = 0
         self._waits = 0
@@ -137,12 +137,12 @@ class BufferPool:
             self._waits += 1
         while not self._free:
             waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
+            self._free_waiters.append(waiter)
             try:
                 await waiter
             except asyncio.CancelledError:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+                if waiter in self._free_waiters:
+                    self._free_waiters.remove(waiter)
                 elif self._free:
                     self._wake_one()  # pass the wake-up on rather than lose it
                 raise
@@ -160,8 +160,8 @@ class BufferPool:
         self._wake_one()
 
     def _wake_one(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
+        while self._free_waiters:
+            waiter = self._free_waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 return

@@ -122,7 +122,9 @@ async def upload_aiobotocore(
     import base64
     import zlib
 
-    from asyncckpt.sinks.s3.part_body import PartBody
+    from asyncckpt.sinks.s3.part_body import part_body_class
+
+    PartBody = part_body_class()
 
     signed = bool(c.meta.config.s3 and c.meta.config.s3.get("payload_signing_enabled"))
     crc = body == "view" and c.meta.config.request_checksum_calculation == "when_supported"

@@ -12,7 +12,6 @@ import pytest
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.cpu import CpuTally, helper_cpu, thread_cpu_call
 from asyncckpt.results.records import LoadResult, RunResult, SaveResult, result_from_dict
-from asyncckpt.results.text import format_result
 from asyncckpt.units import MiB
 
 CHUNK = 1 * MiB
@@ -47,7 +46,7 @@ def assert_consistent(r: RunResult, *, stages: set[str], in_process: set[str]) -
     assert data["cpu_s_per_gb"] == r.cpu_s_per_gb and data["cpu_scope"] == r.cpu_scope
     back = result_from_dict(data)
     assert back.cpu_stages_s == r.cpu_stages_s and back.cpu_s_per_gb == r.cpu_s_per_gb
-    assert "CPU-s/GB" in format_result(r)
+    assert "CPU-s/GB" in str(r)
 
 
 async def test_save_into_null_counts_generation_and_checksum() -> None:
@@ -83,7 +82,7 @@ async def test_writer_process_cpu_is_counted_and_said_so(tmp_path: Path) -> None
         # the writes (and reads) ran in the child: storage counts against the writer's CPU
         assert_consistent(r, stages=stages, in_process={"generation", "checksum", "verify"})
         assert r.writer_cpu_s is not None and r.cpu_total_s == pytest.approx(r.cpu_s + r.writer_cpu_s)
-        assert "writer process" in format_result(r)
+        assert "writer process" in str(r)
 
 
 async def test_regenerate_verify_counts_the_generator_pool(tmp_path: Path) -> None:
@@ -118,7 +117,7 @@ def test_older_results_read_with_cpu_unknown() -> None:
         doc.pop(key)
     old = result_from_dict(doc)
     assert old.cpu_s is None and old.cpu_s_per_gb is None and old.cpu_stages_s_per_gb == {}
-    assert "not measured" in format_result(old)
+    assert "not measured" in str(old)
 
 
 def test_thread_clock_counts_only_the_calling_thread() -> None:
@@ -142,12 +141,12 @@ def test_thread_clock_counts_only_the_calling_thread() -> None:
 async def test_summaries_carry_the_cost() -> None:
     """The CLI's per-phase summary and a multi-rank report's per-rank entries show it too."""
     from asyncckpt.bench.aggregate import aggregate_checkpoint
-    from asyncckpt.bench.runner import _stats
-    from asyncckpt.results.text import format_phases
+    from asyncckpt.bench.report import format_phases
+    from asyncckpt.bench.runner import method_stats
 
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2, seed=7) as ckpt:
         results = [await ckpt.save("null://sum", 4 * CHUNK) for _ in range(2)]
-    stats = _stats(list(results))
+    stats = method_stats(list(results))
     assert stats["cpu_s_per_gb_mean"] == pytest.approx(sum(r.cpu_s_per_gb or 0 for r in results) / 2)
     assert "CPU-s/GB" in format_phases({"streaming": stats})
     ranks = aggregate_checkpoint([r.to_dict() for r in results])["per_rank"]

@@ -31,7 +31,7 @@ from asyncckpt import AsyncCheckpointer
 from asyncckpt.config import CheckpointConfig
 from asyncckpt.sinks import backend_class
 from asyncckpt.sinks.file import FileSink
-from asyncckpt.sources.caller import _INLINE_COPY
+from asyncckpt.sources.caller import INLINE_COPY
 
 # what the defaults must give for local files (docs/benchmarks.md, "Defaults reach the device")
 FILE_IN_FLIGHT = 4
@@ -51,7 +51,7 @@ def caller_data(chunk: int, chunks: int, inline_chunks: int) -> Iterator[memoryv
     """``chunks`` chunks of a byte pattern; the first ``inline_chunks`` in pieces small enough to
     be copied on the loop (no thread hop: the producer queues them in one step), the rest whole
     (copied in a worker thread, so the producer yields to the writers)."""
-    piece_size = _INLINE_COPY // 2
+    piece_size = INLINE_COPY // 2
     assert chunk % piece_size == 0
     piece = memoryview(bytes(i % 251 for i in range(piece_size)))
     whole = memoryview(bytes(piece) * (chunk // piece_size))

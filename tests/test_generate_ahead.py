@@ -76,7 +76,7 @@ async def test_chunks_are_made_ahead_of_requests_by_one_thread_and_bounded(
     make = Maker()
     ahead = Ahead(make, LAYOUT, pool)
     await asyncio.to_thread(make.made[AHEAD - 1].wait, 10)  # made with no request at all
-    await asyncio.to_thread(ahead._thread.join, 0.2)  # it would go on here if it were not bounded
+    await asyncio.to_thread(ahead.thread.join, 0.2)  # it would go on here if it were not bounded
     assert len(make.threads) == AHEAD
     first = await ahead.take(0, N)  # its memory goes back: one more chunk may be made
     await asyncio.to_thread(make.made[AHEAD].wait, 10)

@@ -23,10 +23,9 @@ from pathlib import Path
 import pytest
 
 from asyncckpt import AsyncCheckpointer, DirectIOError, WriterProcessError
-from asyncckpt.results.text import format_result
 from asyncckpt.sinks import SinkOptions
 from asyncckpt.sinks.isolation import ProcessSink, resolve_policy
-from asyncckpt.sinks.isolation.shm import KIND_ENV, PREFIX, SharedArena, SharedBufferPool, shm_dir
+from asyncckpt.sinks.shm import KIND_ENV, PREFIX, SharedArena, SharedBufferPool, shm_dir
 from asyncckpt.units import MiB
 
 from .conftest import checkpoint_data, expected_bytes, files_in, generated
@@ -99,7 +98,7 @@ async def test_bytes_through_each_start_method(
     assert extra["isolation"] == "process" and extra["mp_start_method"] == method
     assert extra["writer_pid"] == pid != os.getpid()
     assert result.metadata.backend == "file"
-    assert f"Writer:            process pid {pid}, {method}" in format_result(result)
+    assert f"Writer:            process pid {pid}, {method}" in str(result)
     assert "fsync_s" in result.close_detail  # the child's timings
     for rec in result.records:  # pure write seconds measured in the child, inside the parent's span
         assert 0 < rec.write_s <= rec.t_write_end - rec.t_write_start

@@ -19,7 +19,6 @@ from botocore.config import Config
 from asyncckpt import AsyncCheckpointer, ConfigError
 from asyncckpt.bench.cli import build_parser, plan_from_args
 from asyncckpt.engine.seal import tail_read_size
-from asyncckpt.results.text import format_result
 from asyncckpt.sinks.s3 import installed
 
 from .conftest import checkpoint_data, generated
@@ -123,9 +122,9 @@ async def test_round_robin_save_and_load_spread_over_three_endpoints(
         assert x["endpoint_retries"] == 0 and all(s["errors"] == 0 for s in stats.values())
     assert [per_endpoint(saved.metadata.extra)[u]["parts"] for u in moto_endpoints] == [3, 2, 2]
     assert "identity_note" not in loaded.metadata.extra  # HEAD recorded the ETag the save published
-    text = format_result(saved)
+    text = str(saved)
     assert "strategy round_robin" in text and all(u in text for u in moto_endpoints)
-    assert "strategy round_robin" in format_result(loaded)
+    assert "strategy round_robin" in str(loaded)
 
 
 async def test_least_connections_sends_fewer_parts_to_a_slow_endpoint(
@@ -184,7 +183,7 @@ async def test_failover_when_an_endpoint_is_cut_mid_upload(
     assert sum(s["parts"] for s in stats.values()) == 7
     assert sum(s["bytes"] for s in stats.values()) == len(raw)
     assert per_endpoint(loaded.metadata.extra)[urls[1]]["parts"] == 0  # marked down, skipped
-    assert "retried elsewhere" in format_result(result)
+    assert "retried elsewhere" in str(result)
 
 
 async def test_endpoint_uris_from_the_environment_reach_the_sink(
@@ -202,7 +201,7 @@ async def test_endpoint_uris_from_the_environment_reach_the_sink(
     assert x["endpoint_strategy"] == "least_connections"
     assert list(per_endpoint(x)) == moto_endpoints
     assert x["settings_from"]["endpoints"] == "environment S3_ENDPOINT_URIS"
-    assert SECRET_KEY not in repr(result.to_dict()) and SECRET_KEY not in format_result(result)
+    assert SECRET_KEY not in repr(result.to_dict()) and SECRET_KEY not in str(result)
 
 
 async def test_invalid_template_fails_before_any_io(clean_env: pytest.MonkeyPatch) -> None:
@@ -228,7 +227,7 @@ async def test_minio_pins_one_endpoint_per_rank_and_refuses_per_part_strategies(
     x = result.metadata.extra
     assert x["endpoint_url"] == moto_endpoints[4 % 3]
     assert x["endpoint_strategy"] == "rank (per-request balancing not supported by minio)"
-    assert "endpoints" not in x and "rank (per-request" in format_result(result)
+    assert "endpoints" not in x and "rank (per-request" in str(result)
     clean_env.setenv("S3_LOAD_BALANCE_STRATEGY", "round_robin")
     async with ckpt("minio", options()) as c:
         with pytest.raises(ConfigError, match=r"'minio' cannot send each part .*'round_robin'.*S3_LOAD_BAL"):

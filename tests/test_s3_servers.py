@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from asyncckpt.servers.s3compat import FAST_CLIENT_CONFIG, register_s3compat
 from asyncckpt.servers.s3endpoint import S3Endpoint
-from asyncckpt.sinks.s3.botocore_sink import _warm_session
+from asyncckpt.sinks.s3.botocore_sink import warm_session
 
 MiB = 1 << 20
 
@@ -90,7 +90,7 @@ async def test_aiobotocore_multipart(s3_endpoint: S3Endpoint, s3_bucket: str, fa
     cfg = Config(**FAST_CLIENT_CONFIG) if fast else Config(s3={"addressing_style": "path"})
     parts = [payload(5 * MiB, 11), payload(5 * MiB, 12), payload(2 * MiB, 13)]
     # the library's session, its S3 model read in a thread (create_client would read it on the loop)
-    session = await asyncio.to_thread(_warm_session)
+    session = await asyncio.to_thread(warm_session)
     async with session.create_client("s3", config=cfg, **s3_endpoint.client_kwargs()) as client:
         register_s3compat(client)
         upload_id = (await client.create_multipart_upload(Bucket=s3_bucket, Key="k"))["UploadId"]

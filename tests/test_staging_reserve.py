@@ -52,12 +52,12 @@ async def test_reserve_faults_the_area_in_and_the_first_staged_save_uses_it(tmp_
         capacity = await ckpt.reserve_staging(state)
         grown = current_rss() - before
         area = ckpt.staging_area
-        mapping = area._map
+        mapping = area.mapping
         assert capacity >= size
         assert grown >= 0.9 * size, grown  # resident now, not at the first save's copy
         staged = await ckpt.save_state(tmp_path / "a.safetensors", state, staging="host")
         await staged
-        assert area._map is mapping  # the save copied into the reserved area: none made
+        assert area.mapping is mapping  # the save copied into the reserved area: none made
         assert await ckpt.reserve_staging(state) == capacity  # big enough: left alone
         await _equal((await ckpt.load_state(tmp_path / "a.safetensors")).state, state)
 
@@ -76,7 +76,7 @@ async def test_reserve_waits_for_a_save_still_writing_from_the_area(s3_endpoint:
             chunk_size=CHUNK, num_buffers=2, stall_timeout=2.0, backend="aiobotocore", backend_options=options
         ) as ckpt:
             staged = await ckpt.save_state(f"s3://{bucket}/s.safetensors", small, staging="host")
-            staged._task.add_done_callback(lambda _: order.append("written"))
+            staged.add_done_callback(lambda _: order.append("written"))
             await ckpt.reserve_staging(large)
             order.append("reserved")
             with pytest.raises(AsyncCkptError):  # the held part failed it (retries spent, or a stall)

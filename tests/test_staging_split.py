@@ -18,7 +18,7 @@ import pytest
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.state.api import plan
-from asyncckpt.state.staging import ALIGN, INLINE_COPY, PIECE, _drain, _run, share_copies, split_copies
+from asyncckpt.state.staging import ALIGN, INLINE_COPY, PIECE, drain, run_pieces, share_copies, split_copies
 
 MiB = 1 << 20
 
@@ -60,7 +60,7 @@ def test_staging_copy_is_split_evenly_between_threads(threads: int) -> None:
     assert len(bins) == threads and sum(loads) == total  # every byte copied once
     assert max(loads) - min(loads) <= threads * ALIGN, loads  # was 6 MiB to 0.1 MiB with 2
     for b in bins:
-        _run(b)
+        run_pieces(b)
     _copied(p, offsets, area)
 
 
@@ -85,7 +85,7 @@ def test_a_large_state_is_shared_between_threads() -> None:
     bins = share_copies(p.tensors, offsets, memoryview(area), 2)
     assert len([b for b in bins if b]) == 2  # above INLINE_COPY: shared out, not copied yet
     for b in bins:
-        _run(b)
+        run_pieces(b)
     _copied(p, offsets, area)
 
 
@@ -96,7 +96,7 @@ def test_a_thread_that_starts_late_leaves_its_share_to_the_others() -> None:
     bins = share_copies(p.tensors, offsets, memoryview(area), 2)
     assert all(len(piece[1]) <= PIECE for b in bins for piece in b)  # small enough to take over
     queues = [deque(b) for b in bins]
-    _drain(0, queues)  # thread 0 alone: the second never started
+    drain(0, queues)  # thread 0 alone: the second never started
     assert not any(queues)
     _copied(p, offsets, area)
 

@@ -20,7 +20,7 @@ from botocore.exceptions import ClientError
 
 from asyncckpt.servers import embedded_swift
 from asyncckpt.servers.embedded import MOTO_SECRET_KEY
-from asyncckpt.servers.embedded_swift import SECRET_KEY, SwiftServer, SwiftUnavailableError, _group_members
+from asyncckpt.servers.embedded_swift import SECRET_KEY, SwiftServer, SwiftUnavailableError, group_members
 from asyncckpt.servers.s3compat import QUIRKS
 from asyncckpt.servers.s3endpoint import S3Endpoint
 from tests.plugins import s3servers
@@ -36,7 +36,7 @@ def refused(endpoint: str) -> bool:
 
 
 def assert_gone(pids: dict[str, int], root: Path, endpoint: str) -> None:
-    assert all(not _group_members(pid) for pid in pids.values()), pids
+    assert all(not group_members(pid) for pid in pids.values()), pids
     assert not root.exists()
     assert refused(endpoint)
 
@@ -72,9 +72,9 @@ def test_servers_die_with_a_killed_owner(swift_endpoint: S3Endpoint, tmp_path: P
         owner.kill()
         owner.wait()
     deadline = time.monotonic() + 20
-    while any(_group_members(pid) for pid in info["pids"].values()) and time.monotonic() < deadline:
+    while any(group_members(pid) for pid in info["pids"].values()) and time.monotonic() < deadline:
         time.sleep(0.05)  # polling the condition, with a deadline
-    assert not any(_group_members(pid) for pid in info["pids"].values())
+    assert not any(group_members(pid) for pid in info["pids"].values())
     assert refused(info["endpoint"])
     shutil.rmtree(info["root"])  # the owner could not clean up its directory; the servers are gone
 

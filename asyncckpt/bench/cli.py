@@ -3,35 +3,38 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import functools
 import logging
-import os
 import sys
 import tempfile
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from .. import modes
-from ..config import CheckpointConfig
 from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, TargetNotFoundError
 from ..modes import choices
 from ..node.collectives import job_comm
 from ..node.topology import world
+from ..servers.embedded import start_for_bench
 from ..sinks import backend_class, path_from_uri, resolve_backend, scheme_of
+from ..sinks.s3 import installed_backends
 from ..units import parse_size
+from .dlio_run import main_workload
 from .folders import check_can_write
 from .grammar import RESERVED, check_target, split_command
-from .load_args import add_load_arguments, load_plan_from_args
+from .load_args import add_load_arguments
+from .mpi_runner import run_distributed
 from .outputs import add_output_arguments, check_outputs, needs_records, write_outputs
 from .parsing import Parser
+from .plan_args import plan_from_args, run_with_loop
+from .report import format_backend_comparison
 from .resultfiles import stamp
 from .runner import BenchPlan, BenchReport, run_plan
 from .scaleout import add_scaleout_arguments, parse_with_presets
 from .signals import sigterm_as_sigint
+from .subcommands import run_subcommand
 
 DEFAULT_SIZE = "1GiB"
 
@@ -153,19 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_output_file(path: Path | None, option: str) -> None:
-    """A file the run writes at its end is checked now: a typo must not cost the whole run."""
-    if path is None:
-        return
-    parent = path.parent
-    if path.is_dir():
-        raise ConfigError(f"{option} {str(path)!r} is a directory; give a file path")
-    if not parent.is_dir():
-        raise ConfigError(f"{option} {str(path)!r}: directory {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ConfigError(f"{option} {str(path)!r} is not writable")
-
-
 def check_local_target(plan: BenchPlan) -> None:
     """A save into a folder it cannot write is bad input, said before the first byte."""
     target = plan.target
@@ -179,79 +169,8 @@ def check_client_library(target: str, backend: str | None) -> None:
     backend_class(resolve_backend(target, backend))
 
 
-def plan_from_args(args: argparse.Namespace) -> BenchPlan:
-    """Turn arguments into a validated plan (raises ConfigError before any I/O)."""
-    if world()[0] == 0:  # under mpirun only rank 0 writes the report
-        check_output_file(args.json, "--json")
-    if args.repeat < 1:
-        raise ConfigError(f"--repeat must be >= 1, got {args.repeat}")
-    if args.size <= 0:
-        raise ConfigError(f"--size must be > 0, got {args.size}")
-    options: dict[str, Any] = {
-        "chunk_size": args.chunk_size,
-        "num_buffers": args.num_buffers,
-        "gen_threads": args.gen_threads,
-        "thread_budget": args.thread_budget,
-        "cpu_nice": args.cpu_nice,
-        "cpu_idle": modes.SWITCH[args.cpu_idle],
-        "direct_io": modes.SWITCH[args.direct_io],
-        "fsync": not args.no_fsync,
-        "max_in_flight": args.max_in_flight,
-        "backend": args.backend,
-    }
-    s3_options = {
-        "part_size": args.part_size,
-        "endpoint_url": args.endpoint,
-        "endpoints": args.endpoints,
-        "lb_strategy": args.lb_strategy,
-    }
-    if any(v is not None for v in s3_options.values()):
-        options["backend_options"] = {k: v for k, v in s3_options.items() if v is not None}
-    if args.generator is not None:
-        options["generator"] = args.generator
-    if args.seed is not None:
-        options["seed"] = args.seed
-    options["isolation"] = args.isolation
-    options["mp_start_method"] = args.mp_start_method
-    if args.writer_timeout is not None:
-        options["writer_timeout"] = args.writer_timeout
-    if args.stall_timeout is not None:
-        options["stall_timeout"] = args.stall_timeout
-    config = CheckpointConfig(**options)
-    methods = ("streaming", "preallocate") if args.method == "both" else (args.method,)
-    load = load_plan_from_args(args, config)
-    return BenchPlan(
-        target=args.target,
-        size=args.size,
-        config=config,
-        methods=methods,
-        repeat=args.repeat,
-        keep=args.keep,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
-        verbose=not args.quiet,
-        **load,
-    )
-
-
-def run_with_loop(kind: str, factory: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-    """Run on uvloop when asked (or, with ``auto``, when installed), else on asyncio."""
-    if kind in ("auto", "uvloop"):
-        try:
-            import uvloop
-        except ImportError:
-            if kind == "uvloop":
-                raise MissingDependencyError("uvloop", "uvloop", "--loop uvloop") from None
-        else:
-            return uvloop.run(factory())
-    return asyncio.run(factory())
-
-
 def compare_backends(plan: BenchPlan, loop: str) -> BenchReport:
     """Every installed S3 backend on the same target, size and settings; one table."""
-    from ..results.text import format_backend_comparison
-    from ..sinks.s3 import installed_backends
-
     if plan.target is None or not plan.target.startswith("s3://"):
         raise ConfigError(f"--compare-backends needs an s3://bucket/key target, got {plan.target!r}")
     results = []
@@ -290,8 +209,6 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"asyncckpt.bench: error: {exc}", file=sys.stderr)
         return 2
     if cmd.name is not None:
-        from .subcommands import run_subcommand
-
         return run_subcommand(cmd)
     parser = build_parser()
     try:  # --config / --model supply defaults; under mpirun/torchrun every rank parses the same argv
@@ -312,14 +229,10 @@ def _main(argv: Sequence[str] | None) -> int:
         stream=sys.stderr,
     )
     if info.workload is not None:  # a DLIO model layout: --plan, or every rank writes its objects
-        from .dlio_run import main_workload
-
-        return main_workload(args, info, comm, plan_from_args, run_with_loop)
+        return main_workload(args, info, comm)
     if comm.engine != "single" or comm.size > 1:  # mpirun or torchrun: one shard per rank
-        from .mpi_runner import run_distributed
-
         try:
-            return run_distributed(args, plan_from_args, run_with_loop, comm, info)
+            return run_distributed(args, comm, info)
         finally:
             comm.shutdown()
     for note in info.notes:
@@ -329,8 +242,6 @@ def _main(argv: Sequence[str] | None) -> int:
         with contextlib.ExitStack() as stack:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="asyncckpt-bench-"))
             if args.embedded_s3 is not None:
-                from ..servers.embedded import start_for_bench
-
                 check_client_library(plan.target or "s3://", plan.config.backend)
 
                 default_target = start_for_bench(stack, args.embedded_s3)

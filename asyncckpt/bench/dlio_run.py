@@ -22,7 +22,6 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -47,13 +46,13 @@ from .dlio_layout import DLIO_GB, CheckpointPlan, PlannedObject, RankPlan, scale
 from .dlio_plan import format_plan, make_plan, plan_ranks, subset_note, world_note
 from .folders import check_can_write, make_folders, remove_empty
 from .guard import Writes
+from .load_args import drop_caches
 from .mlperf_results import host_facts, write_results_dir
 from .mpi_runner import RankFailure, outcome_of, settle
+from .plan_args import plan_from_args, run_with_loop
 from .runner import BenchPlan
 from .scaleout import ScaleoutInfo
 from .signals import end_job_if_distributed
-
-Runner = Callable[[str, Callable[[], Coroutine[Any, Any, Any]]], Any]
 
 
 def object_uri(base: str, step: int, obj: PlannedObject) -> str:
@@ -243,8 +242,6 @@ async def _rank_main(
                 phases["save"] = await _phase(writes, comm, bench, mine, base, "save", bench.repeat, pause_s)
             if bench.mode in ("load", "both"):
                 if bench.drop_caches:  # every node: one rank per node suffices, all is simpler
-                    from .load_args import drop_caches
-
                     await asyncio.to_thread(drop_caches)
                 phases["load"] = await _phase(writes, comm, bench, mine, base, "load", bench.reads, pause_s)
         finally:
@@ -257,8 +254,6 @@ def main_workload(
     args: argparse.Namespace,
     info: ScaleoutInfo,
     comm: Comm,
-    plan_from_args: Callable[[argparse.Namespace], BenchPlan],
-    run_with_loop: Runner,
 ) -> int:
     """``--plan`` (no I/O) or a workload run; returns the exit code."""
     wl = info.workload

@@ -20,7 +20,7 @@ import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,15 @@ from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, Target
 from ..node.distributed import Comm
 from ..results.records import LoadResult, Result, SaveResult
 from ..results.schema import SCHEMA_VERSION
-from ..results.text import format_distributed
 from ..sinks import path_from_uri, scheme_of
 from ..sinks.s3.endpoints import rank_endpoint
 from .aggregate import aggregate_checkpoint, summarize
 from .guard import Writes
+from .outputs import write_outputs
+from .plan_args import plan_from_args, run_with_loop
 from .progress import Bar, progress_bar
+from .report import format_distributed
+from .resultfiles import stamp
 from .runner import BenchPlan
 from .scaleout import ScaleoutInfo
 from .signals import end_job_if_distributed
@@ -186,8 +189,6 @@ async def _rank_main(plan: BenchPlan, comm: Comm, uri: str) -> list[dict[str, An
 
 def run_distributed(
     args: argparse.Namespace,
-    plan_from_args: Callable[[argparse.Namespace], BenchPlan],
-    run_with_loop: Callable[[str, Callable[[], Coroutine[Any, Any, Any]]], Any],
     comm: Comm,
     info: ScaleoutInfo,
 ) -> int:
@@ -283,9 +284,6 @@ def run_distributed(
     }
     text = format_distributed(report)
     print(text)
-    from .outputs import write_outputs
-    from .resultfiles import stamp
-
     try:
         for line in write_outputs(stamp(report), text, args):
             print(f"[asyncckpt] {line}", file=sys.stderr)

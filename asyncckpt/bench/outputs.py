@@ -14,7 +14,9 @@ from typing import Any
 
 from ..errors import ConfigError, MissingDependencyError
 from ..results.records import result_from_dict
-from ..results.text import (
+from . import plots
+from .htmlreport import render_html
+from .report import (
     format_backend_comparison,
     format_comparison,
     format_distributed,
@@ -94,15 +96,11 @@ def write_outputs(doc: Mapping[str, Any], text: str, args: argparse.Namespace) -
         write_text(args.csv, to_csv(doc))
         written.append(f"per-chunk CSV: {args.csv}")
     if args.plots is not None or args.report is not None:
-        from . import plots
-
         pngs = plots.render(doc)
         if args.plots is not None:
             paths = plots.write_pngs(pngs, args.plots)
             written.append(f"{len(paths)} plot(s) in {args.plots}")
         if args.report is not None:
-            from .htmlreport import render_html
-
             write_text(args.report, render_html(doc, text, pngs, plots.not_plotted(doc)))
             written.append(f"HTML report: {args.report}")
     return written

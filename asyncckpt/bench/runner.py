@@ -12,10 +12,10 @@ from ..checkpointer import AsyncCheckpointer
 from ..config import CheckpointConfig
 from ..results.records import LoadResult, Result
 from ..results.schema import SCHEMA_VERSION
-from ..results.text import format_comparison, format_phases, format_summary
 from .guard import Writes
 from .load_args import drop_caches
 from .progress import progress_bar
+from .report import format_comparison, format_phases, format_summary
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,10 +54,10 @@ class BenchReport:
         for method in self.plan.methods:
             rs = [r for r in self.results if r.method == method and r.operation == "save"]
             if rs:
-                out[method] = _stats(rs)
+                out[method] = method_stats(rs)
         loads = [r for r in self.results if r.operation == "load"]
         if loads:
-            out["load"] = _stats(loads)
+            out["load"] = method_stats(loads)
         return out
 
     def to_json(self, *, records: bool = False) -> dict[str, Any]:
@@ -71,7 +71,8 @@ class BenchReport:
         }
 
 
-def _stats(rs: list[Result]) -> dict[str, float]:
+def method_stats(rs: list[Result]) -> dict[str, float]:
+    """Mean and stdev of one method's runs (what ``format_phases``/``format_summary`` show)."""
     tput = [r.throughput_bps for r in rs]
     dur = [r.wall_s for r in rs]
     io = [r.size_bytes / r.io_s if r.io_s > 0 else 0.0 for r in rs]

@@ -2,20 +2,23 @@
 
 Both carry the same run metadata and the same end-to-end figures (built by one builder,
 :func:`asyncckpt.engine.runinfo.run_fields`); each names its own work: a save generates and writes,
-a load reads and consumes (verification + the caller). Plain data only; no formatting.
+a load reads and consumes (verification + the caller). Plain data, and its text form
+(``str(result)``): the text is drawn from these classes, so it is written here, with the units
+and tables of :mod:`asyncckpt.results.text` (which imports nothing of this module).
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Self
 
 from ..deprecated import Renamed
 from .metrics import ChunkRecord, Percentiles, ReadRecord, busy_time, percentiles
 from .schema import SCHEMA_VERSION
+from .text import RULE, format_endpoints, gbps, gib, mib, ms
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,10 +182,9 @@ class RunResult(ABC):
         kw["records"] = tuple(cls._record(**r) for r in data.get("records") or ())
         return cls(**kw)
 
+    @abstractmethod
     def __str__(self) -> str:
-        from .text import format_result  # formatting lives only in the report module
-
-        return format_result(self)
+        """The results block a person reads (GiB sizes, GB/s rates, every figure with its unit)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,6 +233,9 @@ class SaveResult(RunResult):
     def gen_io_ratio(self) -> float:
         """How many times faster generation is than storage (> 1: storage is measured)."""
         return _ratio(self.gen_bps, self.io_bps)
+
+    def __str__(self) -> str:
+        return _save_text(self)
 
     def derived(self) -> dict[str, Any]:
         return {
@@ -301,6 +306,9 @@ class LoadResult(RunResult):
         """How many times faster the consumer is than storage (> 1: storage is measured)."""
         return _ratio(self.consume_bps, self.io_bps)
 
+    def __str__(self) -> str:
+        return _load_text(self)
+
     def derived(self) -> dict[str, Any]:
         return {
             **super().derived(),
@@ -329,3 +337,114 @@ def _ratio(a: float, b: float) -> float:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+def _cpu_text(r: RunResult) -> str:
+    """CPU-s per GB in total (and what it covers), then per measured stage."""
+    total = r.cpu_s_per_gb
+    if total is None:
+        return "not measured (result written before schema 2.2)"
+    scope = "this process + writer process" if r.writer_cpu_s is not None else "this process"
+    stages = ", ".join(f"{k} {v:.3f}" for k, v in r.cpu_stages_s_per_gb.items())
+    return f"{total:.3f} CPU-s/GB ({scope}){'; stages: ' + stages if stages else ''}"
+
+
+def _cpu_priority(m: RunMetadata) -> str:
+    if m.cpu_nice is None:  # a file older than 2.3
+        return ""
+    beside = ", beside the loop's CPU" if m.cpu_pinned else ""
+    return f"; CPU work at nice {m.cpu_nice}{', SCHED_IDLE' if m.cpu_idle else ''}{beside}"
+
+
+def _save_text(r: SaveResult) -> str:
+    """The results block of one save: generation, checksums and writes kept apart."""
+    m = r.metadata
+    d = r.to_dict()
+    counts = " / ".join(f"{k} {v:,}" for k, v in r.bottleneck_counts.items())
+    close = ", ".join(f"{k.removesuffix('_s')} {v:.3f} s" for k, v in r.close_detail.items())
+    lat, wlat, lag = r.chunk_latency_s, r.write_latency_s, r.loop_lag_s
+    direct = "on" if m.direct_io else "OFF"
+    gen = (
+        f"{m.generator} (seed {m.seed}, threads {m.gen_threads} of {m.gen_threads_requested} requested; "
+        f"budget {m.thread_budget_threads} by the {m.thread_budget_rule} rule{_cpu_priority(m)})"
+    )
+    lines = [
+        RULE,
+        f"{r.operation.upper()} {r.method}: {gib(r.size_bytes)} → {m.uri} [{m.backend}]",
+        RULE,
+        f"Throughput:        {gbps(r.throughput_bps)}  ({gib(r.size_bytes)} in {r.wall_s:.3f} s, end to end)",
+        f"Generation:        {r.gen_s:.3f} s @ {gbps(d['gen_bps'])}  (pure fill time)",
+        f"Checksum:          {r.checksum_s:.3f} s @ {gbps(d['checksum_bps'])}  (CRC32C, beside each write)",
+        f"I/O:               {r.io_s:.3f} s @ {gbps(d['io_bps'])}",
+        f"  - write:         {r.write_s:.3f} s",
+        f"  - close:         {r.close_s:.3f} s ({close or 'no detail'})",
+        f"Open:              {r.open_s:.3f} s",
+        f"Throughput ratio:  {_times(d['gen_io_ratio'])} (gen/io)",
+        f"Pipeline overhead: {r.overhead_pct:.1f}%",
+        f"Bottleneck:        {r.bottleneck}  (chunks: {counts})",
+        f"Waits:             producer for buffers {r.wait_free_s:.3f} s, "
+        f"writers for data {r.wait_data_s:.3f} s",
+        f"Chunks:            {r.chunks:,} × {mib(m.chunk_size)}; latency p50 {ms(lat.p50)} p90 {ms(lat.p90)} "
+        f"p99 {ms(lat.p99)} max {ms(lat.max)}",
+        f"Write latency:     p50 {ms(wlat.p50)} p99 {ms(wlat.p99)} max {ms(wlat.max)}",
+        f"Event-loop lag:    p50 {ms(lag.p50)} p99 {ms(lag.p99)} max {ms(lag.max)} ({m.event_loop})",
+        f"CPU:               {_cpu_text(r)}",
+        f"Memory:            peak RSS {mib(r.peak_rss_bytes)} "
+        f"(+{mib(r.peak_rss_bytes - r.baseline_rss_bytes)} during the run); pool {mib(m.pool_bytes)}",
+        f"Direct I/O:        {direct} — {m.direct_io_reason}; fsync {'on' if m.fsync else 'off'}",
+        f"Writer:            {_writer(m.extra)}",
+        f"Generator:         {gen}",
+        f"Ranks on node:     {m.local_ranks} (from {m.local_ranks_source}); usable CPUs {m.usable_cpus}",
+        f"Host:              {m.hostname}, Python {m.python}",
+        RULE,
+    ]
+    return "\n".join(lines + format_endpoints(m.extra))
+
+
+def _load_text(r: LoadResult) -> str:
+    """The results block of one load: reads, verification and the caller kept apart."""
+    m, d, x = r.metadata, r.to_dict(), r.metadata.extra
+    counts = " / ".join(f"{k} {v:,}" for k, v in r.bottleneck_counts.items())
+    rl, lag = r.read_latency_s, r.loop_lag_s
+    verify = x.get("verify", "?")
+    regen = f", of which regeneration {x.get('regenerate_s', 0.0):.3f} s" if verify == "regenerate" else ""
+    lines = [
+        RULE,
+        f"LOAD: {gib(r.size_bytes)} ← {m.uri} [{m.backend}]",
+        RULE,
+        f"Throughput:        {gbps(r.throughput_bps)}  ({gib(r.size_bytes)} in {r.wall_s:.3f} s, end to end)",
+        f"Read (I/O):        {r.read_s:.3f} s @ {gbps(d['read_bps'])}"
+        f"  ({m.max_in_flight} reader(s) × {mib(m.chunk_size)})",
+        f"Verify:            {verify}: {r.verify_s:.3f} s @ {gbps(d['verify_bps'])}{regen}",
+        f"Consumer:          {r.consume_s:.3f} s  (verification + caller, per chunk, summed)",
+        f"Open:              {r.open_s:.3f} s (stat + manifest + open)",
+        f"Bottleneck:        {r.bottleneck}  (chunks: {counts})",
+        f"Waits:             for free buffers {r.wait_free_s:.3f} s, "
+        f"consumer for reads {r.wait_data_s:.3f} s",
+        f"Read latency:      p50 {ms(rl.p50)} p90 {ms(rl.p90)} p99 {ms(rl.p99)} max {ms(rl.max)} "
+        f"({r.chunks:,} reads)",
+        f"Event-loop lag:    p50 {ms(lag.p50)} p99 {ms(lag.p99)} max {ms(lag.max)} ({m.event_loop})",
+        f"CPU:               {_cpu_text(r)}",
+        f"Memory:            peak RSS {mib(r.peak_rss_bytes)} "
+        f"(+{mib(r.peak_rss_bytes - r.baseline_rss_bytes)} during the run); pool {mib(m.pool_bytes)}",
+        f"Cache defeat:      {'O_DIRECT' if m.direct_io else 'no O_DIRECT'} — {m.direct_io_reason}",
+        f"Manifest:          {m.generator} (seed {m.seed}), chunk {mib(x.get('manifest_chunk_size', 0))}",
+        RULE,
+    ]
+    if "identity_note" in x:
+        lines.insert(-1, f"Note:              {x['identity_note']}")
+    return "\n".join(lines + format_endpoints(x))
+
+
+def _writer(extra: Mapping[str, object]) -> str:
+    """Where the sink ran: in-process, or which writer process and why."""
+    if extra.get("isolation") != "process":
+        return "in-process"
+    return (
+        f"process pid {extra.get('writer_pid')}, {extra.get('mp_start_method')} "
+        f"(from {extra.get('mp_start_method_source')}); {extra.get('isolation_reason')}"
+    )
+
+
+def _times(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"

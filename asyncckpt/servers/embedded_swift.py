@@ -101,7 +101,7 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _group_members(pgid: int) -> list[int]:
+def group_members(pgid: int) -> list[int]:
     """PIDs whose process group is ``pgid`` (reads /proc; the group outlives its leader)."""
     members = []
     for entry in os.listdir("/proc"):
@@ -134,9 +134,9 @@ def kill_session(pid: int, marker: str, timeout: float = 10.0) -> None:
         except ProcessLookupError:
             return
         deadline = time.monotonic() + timeout
-        while _group_members(pid) and time.monotonic() < deadline:
+        while group_members(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
-        if not _group_members(pid):
+        if not group_members(pid):
             return
 
 

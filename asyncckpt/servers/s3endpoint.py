@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import StorageError
 from ..sinks.s3.sigv4 import sigv4_request
+from .s3compat import register_s3compat
 
 __all__ = ["S3Endpoint", "sigv4_request"]
 
@@ -78,8 +79,6 @@ class S3Endpoint:
         """
         import boto3  # type: ignore[import-untyped]
         from botocore.config import Config
-
-        from .s3compat import register_s3compat
 
         cache_key = (self.endpoint, key_id or self.access_key, secret or self.secret_key)
         if not config and cache_key in _CLIENTS:

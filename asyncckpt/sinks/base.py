@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..cpu import CpuCounters, CpuTally
 from ..errors import ConfigError
-from .isolation.shm import SharedArena
-from .store import Shared
+from .shared import Shared
+from .shm import SharedArena
 
 if TYPE_CHECKING:
     from ..sources.base import GenSpec
-    from .store import Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +94,7 @@ class Sink(ABC):
         imported on the caller's loop whenever a configuration's capabilities are checked."""
 
     def __init__(
-        self, uri: str, *, executor: Executor, options: SinkOptions, store: Store | None = None
+        self, uri: str, *, executor: Executor, options: SinkOptions, shared: Shared | None = None
     ) -> None:
         self.committed = False  # set once complete() published the object (asyncckpt.sinks.commit)
         #: CPU seconds of this handle's storage calls, measured in their threads; ``None`` for
@@ -105,8 +104,8 @@ class Sink(ABC):
         self.executor = executor
         self.options = options
         #: what this backend's objects share (clients, settings): the store's, else private
-        self.shared = store.shared if store is not None else Shared()
-        self._owns_shared = store is None
+        self.shared = shared if shared is not None else Shared()
+        self._owns_shared = shared is None
 
     def attach_arena(self, arena: SharedArena) -> None:  # noqa: B027 - optional hook
         """Chunks of the next operation travel as offsets in ``arena`` (``uses_shared_arena``

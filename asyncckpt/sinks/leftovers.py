@@ -21,6 +21,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..owner import LEGACY_TEMP, parse_temp
 from . import path_from_uri, resolve_backend, scheme_of
+from .base import SinkOptions
+from .s3 import sink_class
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,6 @@ async def s3_leftovers(uri: str, older_than: float | None, options: dict[str, An
 
 
 def _listing_sink(uri: str, options: dict[str, Any]) -> Any:
-    from .base import SinkOptions
-    from .s3 import sink_class
-
     if resolve_backend(uri, "aiobotocore") != "aiobotocore":  # pragma: no cover - defensive
         raise ConfigError("cleanup of S3 uploads needs aiobotocore")
     # a prefix may end with "/" (or be empty), which an object URI may not: the sink is made

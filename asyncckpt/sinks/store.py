@@ -9,52 +9,11 @@ one and closes it itself. Models: zarr's ``Store`` over keys, obstore's one stor
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor
-from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, TypeVar
 
-if TYPE_CHECKING:
-    from .base import Sink, SinkOptions
-
-T = TypeVar("T")
-
-
-class Shared:
-    """Things built once and closed together: ``get`` for plain objects, ``enter`` for async
-    context managers (clients); ``aclose`` runs every closer, last built first."""
-
-    def __init__(self) -> None:
-        self._items: dict[object, Any] = {}
-        self._stack = contextlib.AsyncExitStack()
-        self._lock = asyncio.Lock()
-        self.built = 0  # how many things were built (tests count clients with it)
-
-    def get(self, key: object, make: Callable[[], T], close: Callable[[T], object] | None = None) -> T:
-        if key not in self._items:
-            item = make()
-            self.built += 1
-            if close is not None:
-                self._stack.callback(close, item)
-            self._items[key] = item
-        found: T = self._items[key]
-        return found
-
-    async def enter(self, key: object, make: Callable[[], Awaitable[AbstractAsyncContextManager[T]]]) -> T:
-        if key not in self._items:
-            async with self._lock:
-                if key not in self._items:
-                    self._items[key] = await self._stack.enter_async_context(await make())
-                    self.built += 1
-        found: T = self._items[key]
-        return found
-
-    async def aclose(self) -> None:
-        self._items = {}
-        stack, self._stack = self._stack, contextlib.AsyncExitStack()
-        await stack.aclose()
+from .base import Sink, SinkOptions
+from .shared import Shared
 
 
 class Store:
@@ -69,7 +28,7 @@ class Store:
 
     def handle(self, uri: str) -> Sink:
         """The sink for one object (no I/O)."""
-        return self.factory(uri, executor=self.executor, options=self.options, store=self)
+        return self.factory(uri, executor=self.executor, options=self.options, shared=self.shared)
 
     async def aclose(self) -> None:
         await self.shared.aclose()

@@ -28,7 +28,7 @@ from ..cpu import CpuCounters
 from ..errors import StallError
 from ..sources.base import GenSpec
 from .base import InPlaceWrite, Sink
-from .isolation.shm import SharedArena
+from .shm import SharedArena
 
 T = TypeVar("T")
 log = logging.getLogger("asyncckpt")

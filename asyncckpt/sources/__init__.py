@@ -7,6 +7,7 @@ from .base import GenSpec, Source, ThreadedSource, fill_sequentially
 from .caller import CallerData, CallerSource
 from .dgen import DgenSource, pool_threads
 from .numpy_gen import NumpySource
+from .spec import source_from_spec
 
 GENERATORS = choices(Generator)
 
@@ -34,4 +35,5 @@ __all__ = [
     "fill_sequentially",
     "make_source",
     "pool_threads",
+    "source_from_spec",
 ]

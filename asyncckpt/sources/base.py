@@ -52,20 +52,13 @@ class Source(ABC):
 @dataclass(frozen=True)
 class GenSpec:
     """A picklable recipe for a fresh synthetic source: the same bytes wherever it runs, as
-    long as it is filled with the same chunk sizes in the same order."""
+    long as it is filled with the same chunk sizes in the same order
+    (:func:`asyncckpt.sources.spec.source_from_spec` makes the source)."""
 
     generator: str
     total_size: int
     seed: int
     threads: int
-
-    def make(self) -> ThreadedSource:
-        """A fresh source at position 0 (in the calling process: starts its thread pool)."""
-        if self.generator != "dgen":
-            raise ValueError(f"no in-place recipe for generator {self.generator!r}")
-        from .dgen import DgenSource  # here: dgen imports this module
-
-        return DgenSource(self.total_size, seed=self.seed, threads=self.threads)
 
 
 class ThreadedSource(Source):

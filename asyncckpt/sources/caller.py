@@ -18,7 +18,8 @@ from ..errors import ConfigError, IntegrityError
 from .base import Source
 
 Buffer = bytes | bytearray | memoryview
-_INLINE_COPY = 1 << 20
+#: pieces smaller than this are copied on the loop's thread (a thread hop costs more)
+INLINE_COPY = 1 << 20
 #: items packed into one buffer between turns of the loop (each costs a few microseconds)
 _YIELD_EVERY = 256
 CallerData = Buffer | Iterable[Buffer] | AsyncIterable[Buffer]
@@ -92,7 +93,7 @@ class CallerSource(Source):
                 self._pending = item
             take = min(want - filled, len(self._pending))
             dst, src = buf[filled : filled + take], self._pending[:take]
-            if take < _INLINE_COPY:
+            if take < INLINE_COPY:
                 dst[:] = src  # tens of microseconds: cheaper than a thread hop
             else:
                 _, cpu = await run_blocking(executor, thread_cpu_call, _copy, dst, src)

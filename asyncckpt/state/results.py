@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,10 @@ class StagedSave:
     def done(self) -> bool:
         """True once the write finished (successfully or not)."""
         return self._task.done()
+
+    def add_done_callback(self, fn: Callable[[StagedSave], object]) -> None:
+        """Call ``fn(self)`` once the background write has ended (written, failed or cancelled)."""
+        self._task.add_done_callback(lambda _: fn(self))
 
     async def wait(self) -> StateSaveResult:
         """The result once the data is durable; raises what the background write raised."""

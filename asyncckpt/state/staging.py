@@ -86,7 +86,7 @@ def copy_bytes(dst: memoryview, src: memoryview) -> None:
     np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
 
 
-def _run(pieces: list[tuple[Any, ...]]) -> None:
+def run_pieces(pieces: list[tuple[Any, ...]]) -> None:
     for fn, *args in pieces:
         fn(*args)
 
@@ -130,7 +130,7 @@ def split_copies(
         while need > 0:
             dst, src = runs[0]
             # a cut falls on an ALIGN boundary; pieces of at most PIECE let a thread take over
-            # the rest of another's list (``_drain``)
+            # the rest of another's list (``drain``)
             take = min(len(dst) - at, -(-need // ALIGN) * ALIGN, PIECE)
             b.append((copy_bytes, dst[at : at + take], src[at : at + take]))
             load[i] += take
@@ -153,12 +153,12 @@ def share_copies(
     16 MiB in about 2 ms)."""
     if sum(t.nbytes for t in tensors) <= INLINE_COPY:
         for b in split_copies(tensors, offsets, area, 1):
-            _run(b)
+            run_pieces(b)
         return []
     return split_copies(tensors, offsets, area, threads)
 
 
-def _drain(mine: int, queues: list[deque[tuple[Any, ...]]]) -> None:
+def drain(mine: int, queues: list[deque[tuple[Any, ...]]]) -> None:
     """Copy the pieces of ``queues[mine]`` from its front, then take the others' from their
     backs until none is left: a worker thread that starts late (waking an idle thread took up
     to 4 ms on the reference VM, 5 % of a 1 GiB copy) leaves its share to the one running."""
@@ -181,11 +181,11 @@ def _drain(mine: int, queues: list[deque[tuple[Any, ...]]]) -> None:
 
 async def copy_shared(bins: list[list[tuple[Any, ...]]], executor: Executor) -> None:
     """Copy each thread's list (:func:`share_copies`) on a worker thread of its own; a thread
-    done with its list takes over pieces of the others (:func:`_drain`)."""
+    done with its list takes over pieces of the others (:func:`drain`)."""
     queues = [deque(b) for b in bins if b]
     try:  # a failure cancels the rest, and each cancelled copy still waits for its thread
         async with asyncio.TaskGroup() as tg:
             for i in range(len(queues)):
-                tg.create_task(run_blocking(executor, _drain, i, queues))
+                tg.create_task(run_blocking(executor, drain, i, queues))
     except BaseExceptionGroup as group:
         raise unwrap_group(group) from None

@@ -27,8 +27,8 @@ from ...priority import lower
 from ...sources.base import GenSpec
 from ..base import InPlaceWrite, Sink, SinkOptions
 from ..registry import BACKENDS, backend_class
+from ..shm import SharedArena
 from ..store import Store
-from .shm import SharedArena
 
 Packed = tuple[str, Any, str]
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ... import env, modes
 from ...errors import ConfigError
+from ..registry import backend_class
 
 ISOLATIONS = modes.choices(modes.Isolation)
 START_METHODS = modes.choices(modes.StartMethod)
@@ -55,8 +56,6 @@ def needs_isolation(backend: str) -> bool:
     """The backend class's capability: a client runtime that must stay out of the caller."""
     if backend in LOCAL_BACKENDS:
         return False
-    from .. import backend_class
-
     return backend_class(backend).needs_isolation
 
 

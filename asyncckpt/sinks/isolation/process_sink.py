@@ -39,10 +39,10 @@ from ...sources.base import GenSpec
 from ..base import InPlaceWrite, Sink, SinkOptions
 from ..file import path_from_uri
 from ..registry import backend_class, make_sink, resolve_backend
+from ..shm import SharedArena
 from . import child
 from .policy import LOCAL_BACKENDS, WriterPolicy
 from .proc import exit_text, preload_in_forkserver, reap, refuse_unguarded_main, start_process
-from .shm import SharedArena
 
 log = logging.getLogger("asyncckpt")
 DEFAULT_TIMEOUT = 300.0

@@ -73,8 +73,9 @@ class Ahead:
         self._slots = threading.Semaphore(AHEAD)
         self._stopping = False
         self._checksums = ThreadPoolExecutor(1, thread_name_prefix="asyncckpt-crc")
-        self._thread = threading.Thread(target=self._run, name="asyncckpt-generate", daemon=True)
-        self._thread.start()
+        #: the generating thread (joined by ``stop``)
+        self.thread = threading.Thread(target=self._run, name="asyncckpt-generate", daemon=True)
+        self.thread.start()
 
     # -- the generating thread ---------------------------------------------------------
     def _run(self) -> None:
@@ -151,5 +152,5 @@ class Ahead:
                 fut.cancel()
 
     def _join(self) -> None:
-        self._thread.join()
+        self.thread.join()
         self._checksums.shutdown(wait=True)

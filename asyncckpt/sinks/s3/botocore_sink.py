@@ -43,6 +43,7 @@ from .common import ErrorFields, log
 from .core import MultipartSink
 from .endpoints import is_failover_error
 from .log_guard import guard_botocore_logs
+from .part_body import part_body_class
 
 if TYPE_CHECKING:
     from aiobotocore.session import AioSession
@@ -65,11 +66,9 @@ def _aiobotocore() -> _Library:
         from aiobotocore.config import AioConfig
         from aiobotocore.session import get_session
         from botocore.exceptions import ClientError, EndpointConnectionError
-
-        from .part_body import PartBody
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise MissingDependencyError("aiobotocore", "aiobotocore", "backend 'aiobotocore' (s3://)") from exc
-    return _Library(AioConfig, get_session, ClientError, EndpointConnectionError, PartBody)
+    return _Library(AioConfig, get_session, ClientError, EndpointConnectionError, part_body_class())
 
 
 T = TypeVar("T")
@@ -112,7 +111,7 @@ def _backoff(attempt: int) -> float:
     return step / 2 + random.uniform(0, step / 2)
 
 
-def _warm_session() -> AioSession:
+def warm_session() -> AioSession:
     """A process-wide session whose loader has read the S3 model (blocking file I/O)."""
     global _session
     with _session_lock:
@@ -149,7 +148,7 @@ class AiobotocoreSink(MultipartSink):
         shared by every object of the store."""
 
         async def make() -> Any:
-            session = await run_blocking(self.executor, _warm_session)
+            session = await run_blocking(self.executor, warm_session)
             return self._new_client(session, url)
 
         return await self.shared.enter(("aiobotocore", url), make)

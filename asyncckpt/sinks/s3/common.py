@@ -23,6 +23,7 @@ from typing import Any, ClassVar, TypeVar
 from ... import env
 from ...blocking import run_blocking
 from ...errors import ConfigError, StorageError, StoragePermissionError, TargetNotFoundError
+from ...node.distributed import rank_info_from_env
 from ...results.metrics import percentiles
 from ..base import Sink
 from .config import S3Settings, parse_s3_uri, plan_parts
@@ -159,8 +160,6 @@ class S3SinkBase(Sink):
         (raised here, before any I/O) rather than a silent downgrade; left at its default, the
         strategy becomes ``rank`` and describe() says why.
         """
-        from ...node.distributed import rank_info_from_env
-
         s, rank = self.settings, rank_info_from_env().rank
         if self.per_request_endpoints:
             self.router = EndpointRouter(s.endpoints, s.lb_strategy, rank=rank)

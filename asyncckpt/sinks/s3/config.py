@@ -29,6 +29,7 @@ from ...errors import ConfigError
 from ...modes import ChecksumMode, choices
 from ...secrets import Secret, as_secret, check_no_userinfo
 from ...units import GiB, MiB, parse_size
+from .endpoints import STRATEGIES, endpoints_from_env, strategy_from_env
 
 MIN_PART = 5 * MiB
 MAX_PART = 5 * GiB
@@ -261,8 +262,6 @@ def _resolve_endpoints(
 ) -> None:
     """Multi-endpoint list and strategy: option ``endpoints`` > an explicit ``endpoint_url``
     option (one endpoint) > S3_ENDPOINT_URIS / _TEMPLATE / _FILE > AWS_ENDPOINT_URL(_S3)."""
-    from .endpoints import STRATEGIES, endpoints_from_env, strategy_from_env
-
     raw = options.get("endpoints")
     if isinstance(raw, str):
         raw = [u for u in raw.split(",") if u.strip()]

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from ...blocking import run_blocking
 from ...errors import StorageError
 from ...sources.base import GenSpec, ThreadedSource
+from ...sources.spec import source_from_spec
 from ..base import InPlaceWrite
 from .ahead import Ahead, Placed
 from .common import InOrder, S3SinkBase
@@ -187,7 +188,7 @@ class AppendSink(S3SinkBase):
     async def begin_generation(self, spec: GenSpec) -> bool:
         if not self.generates_in_place or self.single_put or self._stream is None or self._order.next:
             return False
-        self._generator = await run_blocking(self.executor, spec.make)  # starts dgen's pool here
+        self._generator = await run_blocking(self.executor, source_from_spec, spec)  # starts dgen's pool
         self._generated_total = spec.total_size
         self._generator_facts = {**self._generator.describe(), "pid": os.getpid()}
         return True

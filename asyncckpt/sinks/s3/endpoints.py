@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 from ... import env as envvars
 from ... import modes
 from ...errors import ConfigError
+from ...node.distributed import rank_info_from_env
 from ...results.metrics import percentiles
 
 T = TypeVar("T")
@@ -241,8 +242,6 @@ class EndpointRouter:
         **kwargs: Any,
     ) -> EndpointRouter:
         """Endpoints and strategy from arguments, else the environment; rank from MPI."""
-        from ...node.distributed import rank_info_from_env
-
         e = envvars.environ(env)
         urls, _ = endpoints_from_env(explicit, e)
         chosen = strategy or strategy_from_env(e)

@@ -26,9 +26,9 @@ import uuid
 import weakref
 from pathlib import Path
 
-from ... import env, modes
-from ...errors import ConfigError
-from ...pool import BufferPool
+from .. import env, modes
+from ..errors import ConfigError
+from ..pool import BufferPool
 
 PREFIX = "asyncckpt-"
 KIND_ENV = env.SHARED_MEMORY
