@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import os
@@ -132,15 +133,24 @@ def mount(path: Path, fstype: str, options: str | None) -> bool:
     return subprocess.run(cmd, capture_output=True).returncode == 0
 
 
+@contextlib.contextmanager
+def mounted(path: Path, fstype: str, options: str | None) -> Iterator[Path]:
+    """``path`` (created) with a file system mounted on it for the block, unmounted after;
+    the test is skipped where mounting is not possible (not root)."""
+    path.mkdir()
+    if not mount(path, fstype, options):
+        pytest.skip(f"mounting {fstype} needs root (CI runs as root)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
 @pytest.fixture
 def ramfs(tmp_path: Path) -> Iterator[Path]:
     """A ramfs mount: a real file system that refuses O_DIRECT (tmpfs accepts it since 6.6)."""
-    mnt = tmp_path / "ramfs"
-    mnt.mkdir()
-    if not mount(mnt, "ramfs", None):
-        pytest.skip("mounting ramfs needs root (CI runs as root)")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    with mounted(tmp_path / "ramfs", "ramfs", None) as mnt:
+        yield mnt
 
 
 def in_memory(directory: Path) -> str | None:

@@ -20,7 +20,7 @@ from asyncckpt import AsyncCheckpointer, CheckpointConfig, ConfigError
 from asyncckpt.bench.subcommands import SUBCOMMANDS, NotYet
 from asyncckpt.sinks import BACKENDS
 
-from .conftest import ROOT, mount, run_bench
+from .conftest import ROOT, mounted, run_bench
 from .test_cleanup import dead_pid, temp
 from .test_dlio_run import write_config
 
@@ -36,12 +36,8 @@ FAST_WORKLOAD = (
 @pytest.fixture
 def read_only(tmp_path: Path) -> Iterator[Path]:
     """An empty tmpfs mounted read-only (unmounted after the test)."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    if not mount(mnt, "tmpfs", "ro,size=1m"):
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    with mounted(tmp_path / "ro", "tmpfs", "ro,size=1m") as mnt:
+        yield mnt
 
 
 def one_line_error(run: subprocess.CompletedProcess[str], *needles: str) -> str:

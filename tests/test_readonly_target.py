@@ -17,7 +17,7 @@ import pytest
 from asyncckpt import AsyncCheckpointer, AsyncCkptError, StoragePermissionError
 from asyncckpt.units import MiB
 
-from .conftest import files_in, mount
+from .conftest import files_in, mount, mounted
 
 CHUNK = 1 * MiB
 
@@ -25,12 +25,8 @@ CHUNK = 1 * MiB
 @pytest.fixture
 def rw_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A small writable tmpfs; tests remount it read-only when they need to."""
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    if not mount(mnt, "tmpfs", "size=16m"):
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    with mounted(tmp_path / "fs", "tmpfs", "size=16m") as mnt:
+        yield mnt
 
 
 def remount_ro(mnt: Path) -> None:

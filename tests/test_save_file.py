@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from asyncckpt import (
 )
 from asyncckpt.units import MiB
 
-from .conftest import checkpoint_data, files_in, generated, mount
+from .conftest import checkpoint_data, files_in, generated, mounted
 
 CHUNK = 1 * MiB
 
@@ -155,12 +154,8 @@ async def test_bad_targets(tmp_path: Path) -> None:
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB file system, so ENOSPC is real."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if not mount(mnt, "tmpfs", "size=4m"):
-        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    with mounted(tmp_path / "small", "tmpfs", "size=4m") as mnt:
+        yield mnt
 
 
 @pytest.mark.parametrize("reserve_space", [True, False])

@@ -167,7 +167,10 @@ async def save_state(
     t0 = now()  # the caller is blocked from here (the target's check included)
     await _check_target(storage, target)
     if staging == "host":
-        return await _save_staged(rt, storage, area, target, state, metadata, progress, t0)
+        t_wait = now()
+        async with area.claimed():  # one copy into the area at a time; then busy until written
+            waited = now() - t_wait
+            return await _stage_and_write(rt, storage, area, target, state, metadata, progress, t0, waited)
     executor = rt.executor()
     chunk = rt.config.chunk_size
     # in a thread: a state of 10 000 tensors takes 0.2 s to lay out, the loop's time else
@@ -202,21 +205,6 @@ async def _check_target(storage: StorageRouter, uri: str) -> None:
         sink.check()
     finally:
         await sink.aclose()
-
-
-async def _save_staged(
-    rt: Runtime,
-    storage: StorageRouter,
-    area: StagingArea,
-    uri: str,
-    state: object,
-    metadata: Mapping[str, str] | None,
-    progress: ProgressFn | None,
-    t0: float,
-) -> StagedSave:
-    t_wait = now()
-    async with area.claimed():  # one copy into the area at a time; then busy until written
-        return await _stage_and_write(rt, storage, area, uri, state, metadata, progress, t0, now() - t_wait)
 
 
 async def _stage_and_write(
