@@ -11,9 +11,8 @@ from .priority import BACKGROUND_NICE, MAX_NICE
 from .secrets import protect_options
 from .sinks.base import SinkOptions
 from .sinks.isolation.policy import requested_start_method, resolve_policy
-from .sinks.registry import check_backend
+from .sinks.registry import check_backend, check_backend_options
 from .sinks.router import Routing
-from .sinks.s3.config import S3Settings
 from .units import GiB, MiB
 
 DATA_GEN_ENV = env.DATA_GEN
@@ -133,8 +132,8 @@ class CheckpointConfig:
             raise ConfigError(f"backend_options must be a dict with str keys, got {self.backend_options!r}")
         # secrets wrapped (repr shows Secret('**********')), endpoint URLs without user:password@
         object.__setattr__(self, "backend_options", protect_options(self.backend_options))
-        if self.backend_options:  # S3 options (the only backend options): refused now, not mid-run
-            S3Settings.resolve({**self.backend_options, "dotenv": False}, env={})
+        # each backend checks its own options: refused now, not mid-run
+        check_backend_options(self.backend, self.backend_options)
         if self.max_in_flight is not None:
             _positive_int("max_in_flight", self.max_in_flight)
             if self.max_in_flight > self.num_buffers:

@@ -8,6 +8,7 @@ upload that only completes at the end). ``read_into`` serves loads.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -72,6 +73,15 @@ class Sink(ABC):
     has_directories: ClassVar[bool] = False
     #: whether objects under a URI can be listed (step directories need it)
     can_list: ClassVar[bool] = False
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse ``backend_options`` this backend does not understand, before any I/O (each
+        backend checks its own: the configuration does not know any backend's settings)."""
+        if options:
+            raise ConfigError(
+                f"backend {cls.backend!r} takes no backend_options, got {', '.join(sorted(options))}"
+            )
 
     @classmethod
     def check_root(cls, uri: str) -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
+from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, UnsupportedSchemeError
@@ -74,6 +75,14 @@ def backend_class(name: str) -> type[Sink]:
     if not (isinstance(factory, type) and issubclass(factory, Sink)):
         raise ConfigError(f"backend {name!r} is registered as a factory, not a Sink class")
     return factory
+
+
+def check_backend_options(backend: str | None, options: Mapping[str, Any]) -> None:
+    """``options`` checked by the backend that takes them (``backend``, or when the URI will
+    choose it, the ``s3://`` scheme's: the only scheme with settings today); no I/O, nothing
+    imported but asyncckpt's module for the backend."""
+    if options:
+        backend_class(auto_backend() if backend in (None, "s3") else backend).check_options(options)
 
 
 def import_backend(name: str) -> None:

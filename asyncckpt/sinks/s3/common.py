@@ -16,7 +16,7 @@ import logging
 import re
 import time
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar
 
@@ -123,6 +123,10 @@ class S3SinkBase(Sink):
     """One object ``s3://bucket/key``; parts are ``part_size`` slices of ``chunk_size`` buffers."""
 
     can_list: ClassVar[bool] = True
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        S3Settings.resolve({**options, "dotenv": False}, env={})
 
     @classmethod
     def check_root(cls, uri: str) -> None:
