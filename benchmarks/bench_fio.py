@@ -196,29 +196,41 @@ def restore_nr_hugepages(huge: HugePages, before: int) -> None:
         say(f"huge pages: nr_hugepages restored to {before}")
 
 
+def reserve(huge: HugePages, before: int) -> None:
+    """Raise nr_hugepages by ``huge.pages`` and read it back; ``huge.ready`` if the kernel gave
+    them all, else ``huge.reason`` says why not."""
+    try:
+        NR_HUGEPAGES.write_text(f"{before + huge.pages}\n")
+        huge.nr_hugepages_during = got = read_nr_hugepages()
+    except OSError as exc:
+        huge.reason = f"could not raise nr_hugepages: {exc}"
+        return
+    say(f"huge pages: nr_hugepages {before} -> {got} ({huge.pages} asked for fio's buffers)")
+    if got < before + huge.pages:
+        huge.reason = f"the kernel gave {got - before} of the {huge.pages} huge pages asked"
+    huge.ready = huge.reason is None
+
+
 @contextlib.contextmanager
 def reserved_huge_pages(enabled: bool, block: int, depth: int) -> Iterator[HugePages]:
     """Huge pages for fio's buffers while the body runs: nr_hugepages raised by what fio needs at
     ``depth`` (plus a margin) and read back, then the previous value put back on every exit
-    (exceptions and cancellation included; SIGINT/SIGTERM cancel the run, see ``until_signal``)."""
+    (exceptions and cancellation included; SIGINT/SIGTERM cancel the run, see ``until_signal``).
+    Fewer pages than asked are given back at once: fio runs from malloc'd buffers only."""
     page = huge_page_bytes() if enabled else 0
     huge = HugePages(page_bytes=page, reason=why_no_huge_pages(enabled, page))
-    if huge.reason is not None:
+    if huge.reason is None:
+        huge.pages = fio_huge_pages(block, depth, page) + HUGE_MARGIN_PAGES
+        before = huge.nr_hugepages_before = read_nr_hugepages()
+        try:
+            reserve(huge, before)
+        finally:
+            if not huge.ready:
+                restore_nr_hugepages(huge, before)
+    if not huge.ready:
         yield huge
         return
-    huge.pages = fio_huge_pages(block, depth, page) + HUGE_MARGIN_PAGES
-    before = huge.nr_hugepages_before = read_nr_hugepages()
     try:
-        try:
-            NR_HUGEPAGES.write_text(f"{before + huge.pages}\n")
-            huge.nr_hugepages_during = got = read_nr_hugepages()
-        except OSError as exc:
-            huge.reason = f"could not raise nr_hugepages: {exc}"
-        else:
-            say(f"huge pages: nr_hugepages {before} -> {got} ({huge.pages} asked for fio's buffers)")
-            if got < before + huge.pages:
-                huge.reason = f"the kernel gave {got - before} of the {huge.pages} huge pages asked"
-            huge.ready = huge.reason is None
         yield huge
     finally:
         restore_nr_hugepages(huge, before)
