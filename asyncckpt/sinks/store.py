@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -21,16 +22,40 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+log = logging.getLogger("asyncckpt")
+
 
 class Shared:
     """Things built once and closed together: ``get`` for plain objects, ``enter`` for async
-    context managers (clients); ``aclose`` runs every closer, last built first."""
+    context managers (clients); ``aclose`` runs every closer, last built first. Work a handle
+    leaves behind (``in_background``) is awaited first."""
 
     def __init__(self) -> None:
         self._items: dict[object, Any] = {}
         self._stack = contextlib.AsyncExitStack()
         self._lock = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
         self.built = 0  # how many things were built (tests count clients with it)
+
+    def in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (which handles its own errors) after the caller returned, off a save's
+        critical path: the unlink of a replaced file. ``settle`` and ``aclose`` await it."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    @property
+    def pending(self) -> int:
+        """Background tasks not finished yet."""
+        return len(self._background)
+
+    async def settle(self) -> None:
+        """Wait for the background work started so far (and any it started meanwhile)."""
+        while self._background:
+            done, _ = await asyncio.wait(set(self._background))
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:  # a bug: say so
+                    log.error("background storage work failed", exc_info=task.exception())
 
     def get(self, key: object, make: Callable[[], T], close: Callable[[T], object] | None = None) -> T:
         if key not in self._items:
@@ -52,6 +77,7 @@ class Shared:
         return found
 
     async def aclose(self) -> None:
+        await self.settle()
         self._items = {}
         stack, self._stack = self._stack, contextlib.AsyncExitStack()
         await stack.aclose()
@@ -70,6 +96,10 @@ class Store:
     def handle(self, uri: str) -> Sink:
         """The sink for one object (no I/O)."""
         return self.factory(uri, executor=self.executor, options=self.options, store=self)
+
+    async def settle(self) -> None:
+        """Wait for what this store's handles left running after they returned."""
+        await self.shared.settle()
 
     async def aclose(self) -> None:
         await self.shared.aclose()
