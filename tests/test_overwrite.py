@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.blocking import Offload
 from asyncckpt.owner import parse_temp
-from asyncckpt.sinks import SinkOptions, make_sink
+from asyncckpt.sinks import FileSink, SinkOptions, make_sink
+from asyncckpt.sinks.store import Store
 from asyncckpt.units import MiB
 
 from .conftest import expected_bytes
@@ -83,3 +85,28 @@ async def test_a_symlink_is_replaced_and_what_it_points_to_kept(tmp_path: Path) 
     assert not target.is_symlink() and target.stat().st_size > MiB
     assert theirs.read_bytes() == b"keep me" and os.stat(theirs).st_nlink == 1
     assert sorted(os.listdir(tmp_path)) == ["ck.bin", "theirs.bin"]
+
+
+async def test_removing_a_directory_waits_for_a_pending_aside_in_it(tmp_path: Path) -> None:
+    """A step directory emptied and removed right after a file in it was overwritten: the
+    aside name still pending there must not make the ``rmdir`` fail (ENOTEMPTY). One worker
+    thread runs the calls in the order they are asked, so the order is deterministic."""
+    step = tmp_path / "step-1"
+    step.mkdir()
+    target = step / "ck.bin"
+    target.write_bytes(b"A" * 4096)
+    with ThreadPoolExecutor(1) as executor:
+        store = Store("file", FileSink, executor=executor, options=SinkOptions())
+        sink = store.handle(str(target))
+        buf = mmap.mmap(-1, 4096)
+        try:
+            await sink.open(4096)
+            await sink.write_part(0, memoryview(buf))
+            await sink.complete()  # the aside's unlink is scheduled, not started
+            os.unlink(target)  # what retention does to the step's objects (no await between)
+            await store.handle(str(step)).delete()
+        finally:
+            await sink.aclose()
+            await store.aclose()
+            buf.close()
+    assert os.listdir(tmp_path) == []

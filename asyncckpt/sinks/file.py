@@ -447,6 +447,7 @@ class FileSink(Sink):
 
     async def delete(self) -> None:
         """Remove the file, or an empty directory (a step whose objects were deleted)."""
+        await self.shared.settle()  # an aside name still pending would keep a directory
         try:
             await run_blocking(self.executor, self._delete_sync)
         except OSError as exc:
