@@ -110,3 +110,14 @@ async def test_removing_a_directory_waits_for_a_pending_aside_in_it(tmp_path: Pa
             await store.aclose()
             buf.close()
     assert os.listdir(tmp_path) == []
+
+
+async def test_a_writer_process_unlinks_its_asides_before_it_exits(tmp_path: Path) -> None:
+    """Isolated, the aside's unlink runs in the writer process; ``aclose`` reaps that process
+    only after it finished."""
+    target = tmp_path / "ck.bin"
+    async with AsyncCheckpointer(chunk_size=MiB, num_buffers=3, seed=5, isolation="process") as ckpt:
+        for size in (2 * MiB + 1, MiB + 9, 2 * MiB):
+            await ckpt.save(target, size)
+    assert os.listdir(tmp_path) == ["ck.bin"]
+    assert target.read_bytes()[: 2 * MiB] == expected_bytes(2 * MiB, MiB, 5)
