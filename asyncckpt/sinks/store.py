@@ -42,7 +42,12 @@ class Shared:
         critical path: the unlink of a replaced file. ``settle`` and ``aclose`` await it."""
         task = asyncio.ensure_future(work)
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # a bug: say so, once
+            log.error("background storage work failed", exc_info=task.exception())
 
     @property
     def pending(self) -> int:
@@ -52,10 +57,7 @@ class Shared:
     async def settle(self) -> None:
         """Wait for the background work started so far (and any it started meanwhile)."""
         while self._background:
-            done, _ = await asyncio.wait(set(self._background))
-            for task in done:
-                if not task.cancelled() and task.exception() is not None:  # a bug: say so
-                    log.error("background storage work failed", exc_info=task.exception())
+            await asyncio.wait(set(self._background))
 
     def get(self, key: object, make: Callable[[], T], close: Callable[[T], object] | None = None) -> T:
         if key not in self._items:
