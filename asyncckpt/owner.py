@@ -4,6 +4,10 @@ A save's temporary file is named after its owner, so a later save (or ``cleanup`
 a dead save's leftovers from a live save's work in progress: only a name from this host and
 this boot whose pid no longer exists is provably abandoned. Anything else (another host, an
 earlier boot, a name of asyncckpt < 0.2) is left for ``cleanup --older-than``.
+
+The same rule covers the *aside* name an overwrite links the replaced file to before its
+rename (``.replaced`` instead of ``.partial``): it only ever holds a version that was
+published, so removing it never touches what the target path shows.
 """
 
 from __future__ import annotations
@@ -16,10 +20,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 TEMP_SUFFIX = ".partial"
+#: the suffix of a replaced file's aside name (a second link, dropped after the save)
+ASIDE_SUFFIX = ".replaced"
 _TAG = "ackpt"
 _NAME = re.compile(
     r"^\.(?P<name>.+)\." + _TAG + r"~(?P<host>[A-Za-z0-9.-]{1,64})~(?P<boot>[0-9a-f]{8})~"
-    r"(?P<pid>\d{1,10})~(?P<nonce>[0-9a-f]{8})" + re.escape(TEMP_SUFFIX) + "$"
+    r"(?P<pid>\d{1,10})~(?P<nonce>[0-9a-f]{8})"
+    r"(?P<suffix>" + re.escape(TEMP_SUFFIX) + "|" + re.escape(ASIDE_SUFFIX) + ")$"
 )
 #: temporary names of asyncckpt < 0.2 (no owner): only ``cleanup --older-than`` removes them
 LEGACY_TEMP = re.compile(r"^\..+\.[0-9a-f]{12}" + re.escape(TEMP_SUFFIX) + "$")
@@ -42,10 +49,11 @@ def host() -> str:
 
 @dataclass(frozen=True)
 class Owner:
-    name: str  # the object the temporary was going to become
+    name: str  # the object the temporary was going to become (or, aside, was replaced at)
     host: str
     boot: str
     pid: int
+    replaced: bool = False  # an aside name of a replaced file, not a temporary
 
     def state(self) -> str:
         """``dead`` (this host and boot, process gone), ``alive`` (this host and boot, process
@@ -78,12 +86,22 @@ def _zombie(pid: int) -> bool:
 
 def temp_name(name: str) -> str:
     """A temporary name for object ``name`` that records its owner (this process)."""
-    return f".{name}.{_TAG}~{host()}~{boot_id()}~{os.getpid()}~{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"
+    return _owned_name(name, TEMP_SUFFIX)
+
+
+def aside_name(name: str) -> str:
+    """A hidden name, recording its owner (this process), to link the file ``name`` is about
+    to replace to, so that the rename drops no last link (``sinks/file.py``)."""
+    return _owned_name(name, ASIDE_SUFFIX)
+
+
+def _owned_name(name: str, suffix: str) -> str:
+    return f".{name}.{_TAG}~{host()}~{boot_id()}~{os.getpid()}~{uuid.uuid4().hex[:8]}{suffix}"
 
 
 def parse_temp(name: str) -> Owner | None:
-    """The owner recorded in a temporary name, or None if it is not one of ours."""
+    """The owner recorded in a temporary (or aside) name, or None if it is not one of ours."""
     m = _NAME.match(name)
     if m is None:
         return None
-    return Owner(m["name"], m["host"], m["boot"], int(m["pid"]))
+    return Owner(m["name"], m["host"], m["boot"], int(m["pid"]), m["suffix"] == ASIDE_SUFFIX)

@@ -1,6 +1,7 @@
 """A save that a test kills: ``python crash_child.py TARGET SIZE SEED STEP N [CHUNK [OPTIONS]]``.
 
-STEP names a system call of the file save (``open``, ``pwrite``, ``fsync``, ``replace``);
+STEP names a system call of the file save (``open``, ``pwrite``, ``fsync``, ``link`` (the old
+file linked aside), ``replace``, ``unlink`` (the aside name dropped after the save returned));
 the process SIGKILLs itself as the N-th such call begins, in whichever thread makes it, so the
 crash lands exactly at that step of the real code. STEP ``none`` runs the save to the end
 (the parent then kills it at a chosen instant, or when its relay sees a chosen request).
@@ -22,7 +23,14 @@ from asyncckpt import AsyncCheckpointer
 from asyncckpt.units import MiB
 
 CHUNK = 1 * MiB
-STEPS = {"open": os.open, "pwrite": os.pwrite, "fsync": os.fsync, "replace": os.replace}
+STEPS = {
+    "open": os.open,
+    "pwrite": os.pwrite,
+    "fsync": os.fsync,
+    "link": os.link,
+    "replace": os.replace,
+    "unlink": os.unlink,
+}
 
 
 def arm(step: str, nth: int) -> None:

@@ -26,8 +26,10 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def temp(directory: Path, pid: int, who: str | None = None, age_s: float = 0) -> Path:
-    path = directory / f".ck.bin.ackpt~{who or host()}~{boot_id()}~{pid}~0badcafe.partial"
+def temp(
+    directory: Path, pid: int, who: str | None = None, age_s: float = 0, suffix: str = ".partial"
+) -> Path:
+    path = directory / f".ck.bin.ackpt~{who or host()}~{boot_id()}~{pid}~0badcafe{suffix}"
     path.write_bytes(b"x" * 4096)
     if age_s:
         then = time.time() - age_s
@@ -65,6 +67,27 @@ def test_only_provably_dead_saves_are_collected_unless_an_age_is_given(tmp_path:
     assert not other_host.exists() and not legacy.exists()
     assert alive.exists() and fresh_other.exists() and mine.read_bytes() == b"keep me"
     assert "its process is running" in old.stdout
+
+
+def test_aside_names_of_replaced_files_follow_the_owner_rule(tmp_path: Path) -> None:
+    """An overwrite links the replaced file to a hidden aside name before its rename; one a
+    dead save left is collected like its temporaries, a live one's and a user's never."""
+    (tmp_path / "ck.bin").write_bytes(b"published")
+    dead = temp(tmp_path, dead_pid(), suffix=".replaced")
+    alive = temp(tmp_path, os.getpid(), age_s=2 * HOUR, suffix=".replaced")
+    mine = tmp_path / ".ck.bin.replaced"
+    mine.write_bytes(b"keep me")
+
+    dry = run_bench("cleanup", str(tmp_path / "ck.bin"), "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "2 leftover(s), 0 removed (dry run)" in dry.stdout, dry.stdout
+    assert "replaced file" in dry.stdout, dry.stdout
+
+    run = run_bench("cleanup", str(tmp_path), "--older-than", "1h", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert not dead.exists() and "1 removed" in run.stdout, run.stdout
+    assert alive.exists() and mine.read_bytes() == b"keep me"
+    assert (tmp_path / "ck.bin").read_bytes() == b"published"
 
 
 def test_a_bad_age_is_refused_before_anything(tmp_path: Path) -> None:

@@ -2,10 +2,11 @@
 before the rename, so a crash in the close phase left neither loadable).
 
 Checkpoint A is at P; a real child process saves B over it and is SIGKILLed at each named
-step of the save (creating the temporary, its first and last writes, fsync, the rename) and
-at fixed-seed instants. After each kill, ``load(P)`` must return A or B, complete and
-verified byte by byte; the dead save's temporary is collected by the next save into the
-directory. The same invariant holds for cancellation at every point of a save.
+step of the save (creating the temporary, its first and last writes, fsync, linking A aside,
+the rename, the aside's unlink after the save returned) and at fixed-seed instants. After
+each kill, ``load(P)`` must return A or B, complete and verified byte by byte; the dead
+save's temporary and aside name are collected by the next save into the directory. The
+same invariant holds for cancellation at every point of a save.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from asyncckpt import AsyncCheckpointer
+from asyncckpt.owner import parse_temp
 from asyncckpt.units import MiB
 
 from .cancel_points import cancel_everywhere
@@ -68,27 +70,61 @@ async def assert_invariant(tmp_path: Path, target: Path) -> str:
 
 
 @pytest.mark.parametrize(
-    ("step", "nth", "expect"),
+    ("step", "nth", "expect", "asides"),
     [
-        ("open", 1, "A"),  # about to create the temporary
-        ("pwrite", 1, "A"),  # temporary created and fallocated, nothing written
-        ("pwrite", 4, "A"),  # mid data
-        ("pwrite", 7, "A"),  # the last chunk with the sealed manifest
-        ("fsync", 1, "A"),  # everything written, not yet durable nor published
-        ("replace", 1, "A"),  # durable, about to be renamed over A
-        ("fsync", 2, "B"),  # renamed (published), the directory not yet fsync'd
+        ("open", 1, "A", 0),  # about to create the temporary
+        ("pwrite", 1, "A", 0),  # temporary created and fallocated, nothing written
+        ("pwrite", 4, "A", 0),  # mid data
+        ("pwrite", 7, "A", 0),  # the last chunk with the sealed manifest
+        ("fsync", 1, "A", 0),  # everything written, not yet durable nor published
+        ("link", 1, "A", 0),  # durable, about to link A aside
+        ("replace", 1, "A", 1),  # A linked aside, about to be renamed over
+        ("fsync", 2, "B", 1),  # renamed (published), the directory not yet fsync'd
+        ("unlink", 1, "B", 1),  # published and durable, the aside not yet unlinked
     ],
-    ids=["open", "first-write", "mid-writes", "footer-write", "fsync", "rename", "dir-fsync"],
+    ids=[
+        "open",
+        "first-write",
+        "mid-writes",
+        "footer-write",
+        "fsync",
+        "link-aside",
+        "rename",
+        "dir-fsync",
+        "aside-unlink",
+    ],
 )
 async def test_sigkill_at_each_step_leaves_old_or_new(
-    tmp_path: Path, step: str, nth: int, expect: str
+    tmp_path: Path, step: str, nth: int, expect: str, asides: int
 ) -> None:
     target = tmp_path / "ck.bin"
     await save(target, SIZE_A, SEED_A)
     proc = child(target, step, nth)
     out, err = await asyncio.to_thread(proc.communicate, timeout=60)
     assert proc.returncode == -9, (out, err)  # killed at the step, not finished or failed
+    left = await asyncio.to_thread(aside_names, tmp_path)
+    assert len(left) == asides, left
+    for name in left:
+        await check_aside(tmp_path / name, target, proc.pid, expect)
     assert await assert_invariant(tmp_path, target) == expect
+
+
+def aside_names(directory: Path) -> list[str]:
+    """Hidden names holding a replaced checkpoint (linked aside before the rename)."""
+    return [n for n in os.listdir(directory) if (o := parse_temp(n)) is not None and o.replaced]
+
+
+async def check_aside(aside: Path, target: Path, pid: int, published: str) -> None:
+    """The aside carries its (dead) owner, and holds A: before the rename as a second link
+    of the published file (so the rename drops no last link), after it as the only one."""
+    owner = parse_temp(aside.name)
+    assert owner is not None and owner.pid == pid and owner.name == target.name
+    same = os.stat(aside).st_ino == os.stat(target).st_ino
+    assert same == (published == "A")
+    if same:
+        assert os.stat(target).st_nlink == 2
+    else:
+        assert await loaded_version(aside) == "A"  # the old data is still reachable
 
 
 async def test_sigkill_at_random_instants_leaves_old_or_new(tmp_path: Path) -> None:

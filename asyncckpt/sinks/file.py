@@ -3,10 +3,15 @@
 O_DIRECT is used whenever the file system accepts it, so the device is measured rather than
 the page cache. If it is refused the sink falls back to buffered I/O *and says so* in the
 result; ``direct_io=True`` turns the refusal into an error instead.
+
+An overwrite links the file it replaces to a hidden aside name first, so the rename drops no
+last link: ext4 frees a replaced file's extents inside the rename (0.32-0.37 s of a 2 GiB save,
+issue 29). The aside name is unlinked in a worker thread after the save returned.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -15,6 +20,7 @@ import functools
 import logging
 import mmap
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -25,7 +31,7 @@ from urllib.parse import unquote, urlsplit
 from ..blocking import run_blocking
 from ..cpu import CpuTally, thread_cpu_call
 from ..errors import ConfigError, DirectIOError, TargetNotFoundError, map_os_error
-from ..owner import parse_temp, temp_name
+from ..owner import aside_name, parse_temp, temp_name
 from ..pool import buffer_address
 from .base import Sink
 
@@ -73,6 +79,11 @@ def _fallocate(fd: int, size: int) -> None:
             raise OSError(err, os.strerror(err))
 
 
+def _unlink_if_there(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
         n = os.pwrite(fd, data, offset)
@@ -106,6 +117,7 @@ class FileSink(Sink):
         super().__init__(uri, **kwargs)
         self.path = path_from_uri(uri)
         self._tmp: Path | None = None
+        self._aside: Path | None = None  # the replaced file's second name, until handed off
         self._fd = -1
         self._size = 0
         self._padded = False
@@ -251,7 +263,8 @@ class FileSink(Sink):
         t1 = time.perf_counter()
         os.close(self._fd)
         self._fd = -1
-        os.replace(self._tmp, self.path)
+        self._aside = self._link_aside_sync()
+        os.replace(self._tmp, self.path)  # on failure abort() drops the aside name again
         self._tmp = None
         self._stat_sync()  # the published version's identity, for the manifest
         if self.options.fsync:
@@ -264,29 +277,62 @@ class FileSink(Sink):
         timings["rename_s"] = time.perf_counter() - t1
         return timings
 
+    def _link_aside_sync(self) -> Path | None:
+        """A second, hidden name (recording its owner) for the file about to be replaced, so
+        the rename that publishes drops no last link and frees nothing. None when there is no
+        file to replace, or no hard link can be made here: the rename then frees it, as before."""
+        try:
+            if not stat.S_ISREG(os.lstat(self.path).st_mode):
+                return None  # nothing, or a symlink (cheap to drop): nothing to take aside
+        except FileNotFoundError:
+            return None
+        aside = self.path.with_name(aside_name(self.path.name))
+        try:
+            os.link(self.path, aside, follow_symlinks=False)  # never overwrites: EEXIST
+        except OSError as exc:  # gone meanwhile, or no hard links (EPERM, EOPNOTSUPP, EMLINK)
+            log.debug("replacing %s without an aside link: %s", self.path, exc)
+            return None
+        return aside
+
     async def complete(self) -> dict[str, float]:
         try:
-            return await run_blocking(self.executor, self._timed, self._complete_sync)
+            timings: dict[str, float] = await run_blocking(self.executor, self._timed, self._complete_sync)
         except OSError as exc:
             await self.abort()
             raise map_os_error(exc, f"finish {str(self.path)!r}") from None
+        if self._aside is not None:  # published and durable: the old version may go, later
+            aside, self._aside = self._aside, None
+            self.shared.in_background(self._unlink_aside(aside))
+        return timings
+
+    async def _unlink_aside(self, aside: Path) -> None:
+        """Drop the replaced file's aside name in a worker thread, after the save returned:
+        the last link goes here, and with it the extents' freeing (awaited by ``aclose``)."""
+        try:
+            await run_blocking(self.executor, _unlink_if_there, aside)
+        except OSError as exc:  # the owner rule collects it once this process is gone
+            log.warning("could not remove %s (a replaced checkpoint): %s", aside, exc.strerror or exc)
 
     async def abort(self) -> None:
-        if self._fd >= 0 or self._tmp is not None or self._scratch is not None:  # else no hop
+        busy = self._fd >= 0 or self._tmp is not None or self._aside is not None
+        if busy or self._scratch is not None:  # else no hop
             await run_blocking(self.executor, self._abort_sync)
 
     def _abort_sync(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        if self._tmp is not None:
-            tmp, self._tmp = self._tmp, None
+        for name in ("_tmp", "_aside"):  # the aside: a commit that failed after the link
+            path = getattr(self, name)
+            if path is None:
+                continue
+            setattr(self, name, None)
             try:  # a cleanup failure must never replace the error that caused the abort
-                tmp.unlink()
+                path.unlink()
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                log.warning("could not remove the temporary file %s: %s", tmp, exc.strerror or exc)
+                log.warning("could not remove %s: %s", path, exc.strerror or exc)
         if self._scratch is not None:
             self._scratch.close()
             self._scratch = None
@@ -401,6 +447,7 @@ class FileSink(Sink):
 
     async def delete(self) -> None:
         """Remove the file, or an empty directory (a step whose objects were deleted)."""
+        await self.shared.settle()  # an aside name still pending would keep a directory
         try:
             await run_blocking(self.executor, self._delete_sync)
         except OSError as exc:
@@ -426,6 +473,7 @@ class FileSink(Sink):
         await self.abort()
         if self._rfd >= 0 or self._bfd >= 0:
             await run_blocking(self.executor, self._close_read_sync)
+        await self.release_shared()  # a handle without a store: its aside unlink, awaited
 
     def writes_in_flight(self) -> int:
         """One on a file system in memory: its writes copy into pages under the inode's lock

@@ -1,6 +1,8 @@
 """Leftovers of dead saves: temporary files and pending S3 multipart uploads, found and removed.
 
-A save that is killed leaves its temporary file (or, on S3, its upload) behind. Only what is
+A save that is killed leaves its temporary file (or, on S3, its upload) behind, and an
+overwrite killed between linking the replaced file aside and unlinking that name leaves the
+aside name (the old version, no longer or still published at the target). Only what is
 *provably* abandoned is removed without being asked: a temporary named after a process of
 this host and boot that no longer exists (:mod:`asyncckpt.owner`). Everything else (another
 host's or boot's temporaries, asyncckpt < 0.2 names, every S3 upload, whose owner a listing
@@ -28,7 +30,7 @@ from .s3 import sink_class
 @dataclass(frozen=True)
 class Leftover:
     where: str  # a path, or s3://bucket/key
-    kind: str  # "temporary file" or "multipart upload"
+    kind: str  # "temporary file", "replaced file" (an overwrite's aside link) or "multipart upload"
     age_s: float
     owner: str  # who left it, as far as can be told
     removable: bool
@@ -69,7 +71,8 @@ def file_leftovers(target: str | os.PathLike[str], older_than: float | None = No
                 state = owner.state()
                 who = f"pid {owner.pid} on {owner.host} ({state})"
             removable, why = _judge(state, age, older_than)
-            found.append(Leftover(entry.path, "temporary file", age, who, removable, why))
+            kind = "replaced file" if owner is not None and owner.replaced else "temporary file"
+            found.append(Leftover(entry.path, kind, age, who, removable, why))
     return sorted(found, key=lambda x: x.where)
 
 

@@ -125,6 +125,13 @@ class StorageRouter:
             )
         return store
 
+    async def settle(self) -> None:
+        """Wait for the work saves left running after they returned (the unlink of a replaced
+        file's aside name) in this process's stores; ``aclose`` does it too. A writer process
+        finishes its own before it exits."""
+        for store in [*self._retired, *self._stores.values()]:
+            await store.settle()
+
     async def aclose(self) -> None:
         """Close every store's clients and reap every writer process; idempotent."""
         stores, self._stores, self._retired = [*self._retired, *self._stores.values()], {}, []

@@ -8,22 +8,48 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger("asyncckpt")
 
 
 class Shared:
     """Things built once and closed together: ``get`` for plain objects, ``enter`` for async
-    context managers (clients); ``aclose`` runs every closer, last built first."""
+    context managers (clients); ``aclose`` runs every closer, last built first. Work a handle
+    leaves behind (``in_background``) is awaited first."""
 
     def __init__(self) -> None:
         self._items: dict[object, Any] = {}
         self._stack = contextlib.AsyncExitStack()
         self._lock = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
         self.built = 0  # how many things were built (tests count clients with it)
+
+    def in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (which handles its own errors) after the caller returned, off a save's
+        critical path: the unlink of a replaced file. ``settle`` and ``aclose`` await it."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # a bug: say so, once
+            log.error("background storage work failed", exc_info=task.exception())
+
+    @property
+    def pending(self) -> int:
+        """Background tasks not finished yet."""
+        return len(self._background)
+
+    async def settle(self) -> None:
+        """Wait for the background work started so far (and any it started meanwhile)."""
+        while self._background:
+            await asyncio.wait(set(self._background))
 
     def get(self, key: object, make: Callable[[], T], close: Callable[[T], object] | None = None) -> T:
         if key not in self._items:
@@ -45,6 +71,7 @@ class Shared:
         return found
 
     async def aclose(self) -> None:
+        await self.settle()
         self._items = {}
         stack, self._stack = self._stack, contextlib.AsyncExitStack()
         await stack.aclose()

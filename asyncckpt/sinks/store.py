@@ -30,5 +30,9 @@ class Store:
         """The sink for one object (no I/O)."""
         return self.factory(uri, executor=self.executor, options=self.options, shared=self.shared)
 
+    async def settle(self) -> None:
+        """Wait for what this store's handles left running after they returned."""
+        await self.shared.settle()
+
     async def aclose(self) -> None:
         await self.shared.aclose()
