@@ -30,6 +30,7 @@ class HangSink(MemorySink):
 
     backend = "hang"
     default_in_flight = 2
+    in_process_memory = False  # its calls block like a client library's: watched
     hang_in = "write_part"
     hang_at = CHUNK  # the offset of the write (or read) that hangs
     release = threading.Event()
