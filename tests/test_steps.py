@@ -207,6 +207,7 @@ async def test_manager_saves_every_n_keeps_last_and_restores(tmp_path: Path) -> 
     async with CheckpointManager(tmp_path, every_n_steps=3, chunk_size=MiB, num_buffers=4) as again:
         assert await again.restore(into=into) == 12
     assert into["model"]["w"][0] == 12 and again.restored is not None and again.restored.state["step"] == 12
+    assert into["step"] == 12  # issue 25 item 13: the scalar comes back into the caller's state
 
 
 async def test_manager_on_s3_keeps_last_and_restores(s3_endpoint: S3Endpoint) -> None:
