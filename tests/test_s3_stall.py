@@ -185,6 +185,43 @@ async def test_stall_is_reported_after_stall_timeout_naming_a_sent_part(
     assert await visible(ep, bucket) == ["warm.bin"]
 
 
+@pytest.mark.parametrize(("backend", "isolation"), TIMED, ids=["-".join(c) for c in TIMED])
+async def test_load_stall_is_reported_after_stall_timeout(
+    backend: str, isolation: str, moto_endpoint: S3Endpoint, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 25 item 6, loads: a server that stops while a checkpoint is read back is reported
+    within the same bound, naming a read stage (a guard: every library met it already)."""
+    ep = moto_endpoint
+    bucket = await asyncio.to_thread(new_bucket, ep)
+    proxy = TcpProxy(ep.endpoint)  # passes everything until told otherwise
+    options = ep.options(endpoint_url=proxy.endpoint, request_timeout=60.0)
+    caplog.set_level(logging.ERROR, logger="asyncckpt")
+    try:
+        async with AsyncCheckpointer(
+            chunk_size=CHUNK,
+            num_buffers=3,
+            backend=backend,
+            isolation=isolation,
+            backend_options=options,
+            stall_timeout=TIMED_STALL_S,
+        ) as ckpt:
+            await ckpt.save(f"s3://{bucket}/back.bin", 6 * CHUNK)
+            proxy.stall_after = proxy.sent + 1  # the load's first request body byte or head
+            task = asyncio.create_task(ckpt.load(f"s3://{bucket}/back.bin"))
+            stall = asyncio.ensure_future(asyncio.to_thread(proxy.stalled.wait, 60))
+            await asyncio.wait([task, stall], return_when=asyncio.FIRST_COMPLETED)
+            stalled_at = time.time()
+            assert proxy.stalled.is_set(), task
+            with pytest.raises(StallError) as info:
+                await task
+    finally:
+        await asyncio.to_thread(proxy.cut)
+    after = stall_reported_at(caplog.records) - stalled_at
+    limit = TIMED_STALL_S * 1.25
+    assert after <= limit, f"reported {after:.2f} s after the stall (stall_timeout={TIMED_STALL_S:g} s)"
+    assert info.value.stage.startswith(("stat", "open for reading", "read at offset")), info.value.stage
+
+
 @pytest.mark.skipif(in_child(), reason="this is the launcher of the child suites")
 def test_out_of_process_backends_stall_the_same_way(moto_endpoint: S3Endpoint) -> None:
     # s3dlio fixes its endpoint once per process: the in-process s3dlio case gets its own
@@ -195,12 +232,21 @@ def test_out_of_process_backends_stall_the_same_way(moto_endpoint: S3Endpoint) -
 
 
 @pytest.mark.skipif(in_child(), reason="this is the launcher of the child suites")
-@pytest.mark.parametrize("case", ["none-caller", "none-generated", "process"])
-def test_s3dlio_stall_is_reported_as_the_others(case: str, moto_endpoint: S3Endpoint) -> None:
+@pytest.mark.parametrize(
+    ("test", "case"),
+    [
+        ("reported_after", "none-caller"),
+        ("reported_after", "none-generated"),
+        ("reported_after", "process"),
+        ("load_stall", "none"),
+        ("load_stall", "process"),
+    ],
+)
+def test_s3dlio_stall_is_reported_as_the_others(test: str, case: str, moto_endpoint: S3Endpoint) -> None:
     # s3dlio fixes its endpoint once per process: each in-process case (its relay) gets its own
-    proc = run_child_suite(__file__, moto_endpoint, f"reported_after and s3dlio-{case}")
+    proc = run_child_suite(__file__, moto_endpoint, f"{test} and s3dlio-{case}")
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
-    passed = "2 passed" if case == "process" else "1 passed"
+    passed = "2 passed" if test == "reported_after" and case == "process" else "1 passed"
     assert passed in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
 
 
