@@ -6,7 +6,9 @@ background at the first call that saves nothing, or at ``restore(into=)``) and c
 when every rank's object is durable (:mod:`asyncckpt.steps`). With a save still pending, ``when_busy="wait"``
 waits for it and ``"skip"`` skips this step; both are recorded in ``stats``. After a commit,
 rank 0 deletes committed steps beyond ``keep_last`` in the background. At start rank 0 removes
-uncommitted steps of a crashed run, but only those whose recorded owner provably died.
+uncommitted steps of a crashed run, but only those whose recorded owner provably died; a step
+whose save failed in this process is removed at once. ``wait()`` and ``aclose()`` raise the
+first failure of that background work (``raise_on_failure=False``: logged and counted only).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from . import modes, steps
 from .checkpointer import AsyncCheckpointer
 from .engine.monitor import now
-from .errors import ConfigError
+from .errors import CollectiveError, ConfigError
 from .modes import StagingMode, WhenBusy
 from .node.collectives import Collectives, get_collectives
 from .sinks import leftovers
@@ -38,7 +40,7 @@ class ManagerStats:
     skipped: list[int] = field(default_factory=list)  # steps not saved: a save was pending (skip)
     waited: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds waited for a save)
     deleted: list[int] = field(default_factory=list)  # old committed steps removed (keep_last)
-    cleaned: list[int] = field(default_factory=list)  # uncommitted steps of dead owners removed
+    cleaned: list[int] = field(default_factory=list)  # uncommitted steps removed: dead owners', failed saves'
     left: list[tuple[int, str]] = field(default_factory=list)  # uncommitted steps kept, and why
     failed: list[tuple[int, str]] = field(default_factory=list)  # saves or deletes that failed
 
@@ -76,8 +78,11 @@ class CheckpointManager:
         when_busy: WhenBusy = "wait",
         staging: StagingMode = "host",
         checkpointer: AsyncCheckpointer | None = None,
+        raise_on_failure: bool = True,
         **options: Any,
     ) -> None:
+        if not isinstance(raise_on_failure, bool):
+            raise ConfigError(f"raise_on_failure must be True or False, got {raise_on_failure!r}")
         _positive("every_n_steps", every_n_steps)
         _positive("keep_last", keep_last, allow_none=True)
         _positive("max_pending_saves", max_pending_saves)
@@ -91,6 +96,8 @@ class CheckpointManager:
         self.max_pending_saves, self.when_busy, self.staging = max_pending_saves, when_busy, staging
         self._own = checkpointer is None
         self.stats = ManagerStats()
+        self.raise_on_failure = raise_on_failure
+        self._unraised: list[Exception] = []  # background failures wait()/aclose() have not raised
         self._coll: Collectives | None = None
         self._pending: list[asyncio.Task[None]] = []
         self._deleting: asyncio.Task[None] | None = None
@@ -116,13 +123,18 @@ class CheckpointManager:
         await self._coll.barrier()  # no rank writes a step while rank 0 may still be cleaning
 
     async def wait(self) -> None:
-        """Until every pending save has committed (or failed) and old steps are deleted."""
+        """Until every pending save has committed (or failed) and old steps are deleted; then
+        raises the first failure of that work not raised yet (unless ``raise_on_failure=False``):
+        a loop must not train on believing its checkpoints exist."""
         while self._pending:
             await asyncio.wait(list(self._pending))
             self._pending = [t for t in self._pending if not t.done()]
         for task in (self._deleting, self._reserving):
             if task is not None:
                 await asyncio.wait([task])
+        failures, self._unraised = self._unraised, []
+        if failures and self.raise_on_failure:
+            raise failures[0]  # the others are in stats.failed and the log
 
     async def aclose(self) -> None:
         """Wait for pending saves and deletions, then close the checkpointer if it is ours."""
@@ -140,7 +152,13 @@ class CheckpointManager:
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.aclose()
+        if e is None:
+            await self.aclose()
+            return
+        try:
+            await self.aclose()
+        except Exception as failure:  # the body's own error is the one to see; ours was logged
+            log.debug("not raised over the body's %s: %s", type(e).__name__, failure)
 
     # -- the loop's calls --------------------------------------------------------------
     async def restore(self, into: Mapping[Any, Any] | None = None, *, as_torch: bool = False) -> int | None:
@@ -175,9 +193,14 @@ class CheckpointManager:
             self.stats.waited.append((step, now() - t0))
         assert self._coll is not None
         previous = self._pending[-1] if self._pending else None
-        commit = await steps.start_step(
-            self.ckpt, self.root, step, state, staging=self.staging, coll=self._coll, after=previous
-        )
+        try:
+            commit = await steps.start_step(
+                self.ckpt, self.root, step, state, staging=self.staging, coll=self._coll, after=previous
+            )
+        except Exception as exc:  # raised to the caller here: recorded, not raised again by wait()
+            self.stats.failed.append((step, f"save: {exc}"))
+            await self._clean_failed(step, exc)
+            raise
         self._pending.append(asyncio.create_task(self._finish(step, commit)))
         return True
 
@@ -195,7 +218,9 @@ class CheckpointManager:
             await commit
         except Exception as exc:
             self.stats.failed.append((step, f"save: {exc}"))
+            self._unraised.append(exc)
             log.error("checkpoint of step %d failed: %s", step, exc)
+            await self._clean_failed(step, exc)
             return
         self.stats.saved.append(step)
         assert self._coll is not None
@@ -218,9 +243,30 @@ class CheckpointManager:
                 await steps.delete_step(self.ckpt, self.root, old)
             except Exception as exc:
                 self.stats.failed.append((old, f"delete: {exc}"))
+                self._unraised.append(exc)
                 log.warning("could not delete old step %d: %s", old, exc)
             else:
                 self.stats.deleted.append(old)
+
+    async def _clean_failed(self, step: int, cause: Exception) -> None:
+        """Remove what a failed save of ``step`` left (its ``OWNER.json``, objects of ranks that
+        did save) now, not when a later run starts; rank 0, the owner, does it. After a failed
+        collective another rank may still be writing into the step: left to the owner rule."""
+        assert self._coll is not None
+        if not self._coll.is_coordinator:
+            return
+        if isinstance(cause, CollectiveError):
+            self.stats.left.append((step, f"its save failed in a collective: {cause}"))
+            return
+        try:
+            if await steps.read_commit(self.ckpt, self.root, step) is not None:
+                return  # committed after all (a later barrier failed): a loadable step
+            await steps.delete_step(self.ckpt, self.root, step)
+        except Exception as exc:
+            self.stats.left.append((step, f"could not remove it after its failed save: {exc}"))
+            log.warning("could not remove step %d after its failed save: %s", step, exc)
+        else:
+            self.stats.cleaned.append(step)
 
     async def _clean_uncommitted(self) -> None:
         for step in await steps.steps_under(self.ckpt, self.root):

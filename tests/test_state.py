@@ -339,6 +339,35 @@ async def test_in_place_restore(tmp_path: Path) -> None:
             await c.load_state(uri, into={"w": ro, "t": torch.zeros(8, 9)})
 
 
+async def test_in_place_restore_updates_scalars(tmp_path: Path) -> None:
+    """Issue 25 item 13: ``into=`` brings back the saved scalars too, at every depth of
+    mutable containers; a tuple (immutable) is replaced in its parent, its arrays kept."""
+    w, v = sample(np.float32, (4, 5)), sample(np.int64, (3,))
+    saved = {
+        "w": w,
+        "step": 7,
+        "meta": {"epoch": 2, "lr": 0.5, "tag": "b", "deep": {"seen": True}},
+        "hist": [1, {"loss": 0.25}, v],
+        "betas": (0.9, 0.99, v),
+        "none": None,
+    }
+    uri = str(tmp_path / "s.safetensors")
+    into_w, into_v = np.zeros_like(w), np.zeros_like(v)
+    into_v2 = np.zeros_like(v)
+    meta: dict[str, Any] = {"epoch": 0, "lr": 0.0, "tag": "a", "deep": {"seen": False}}
+    hist: list[Any] = [0, {"loss": 9.0}, into_v]
+    into = {"w": into_w, "step": 0, "meta": meta, "hist": hist, "betas": (0.0, 0.0, into_v2), "none": 3}
+    async with ckpt() as c:
+        await c.save_state(uri, saved)
+        loaded = await c.load_state(uri, into=into)
+    assert into["step"] == 7 and into["none"] is None
+    assert into["meta"] is meta and meta == {"epoch": 2, "lr": 0.5, "tag": "b", "deep": {"seen": True}}
+    assert into["hist"] is hist and hist[0] == 1 and hist[1] == {"loss": 0.25} and hist[2] is into_v
+    assert into["betas"][:2] == (0.9, 0.99) and into["betas"][2] is into_v2
+    assert into["w"] is into_w and np.array_equal(into_w, w) and np.array_equal(into_v2, v)
+    assert loaded.state["step"] == 7 and loaded.state["w"] is into_w
+
+
 async def test_mutation_during_unstaged_save_is_refused(tmp_path: Path) -> None:
     uri = tmp_path / "m.safetensors"
     weights = np.zeros(400_000, np.float32)  # 1.6 MB: 25 chunks

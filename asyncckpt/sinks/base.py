@@ -92,6 +92,13 @@ class Sink(ABC):
     async def make_directory(self) -> None:  # noqa: B027 - optional hook
         """Create this URI as a directory, parents included (``has_directories`` backends)."""
 
+    def write_behind(self) -> int:
+        """After ``open``: bytes the library may still hold, not acknowledged by the storage,
+        after its write calls returned (it uploads in the background); 0 when a write returns
+        once the storage has its bytes. The stall watchdog counts a write of such a library as
+        progress only when it proves an earlier part acknowledged (``asyncckpt.watchdog``)."""
+        return 0
+
     def writes_in_flight(self) -> int:
         """After ``open``: writes to keep in flight when the caller does not say. The class's
         ``default_in_flight`` unless the opened object knows better (a file on tmpfs)."""

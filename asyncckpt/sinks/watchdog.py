@@ -9,6 +9,14 @@ in flight, a call finishing (successfully or not) is progress; when none finishe
 stuck stage. Clean-up (``abort``, ``aclose``) is watched too, with half the budget, shared
 after a stall, so a stalled save fails within 1.5 × ``stall_timeout``.
 
+A library that uploads in the background (s3dlio: ``Sink.write_behind`` bytes taken into its
+memory before a write call blocks) returns write calls the server never saw: counted as
+progress, they kept a stalled save going until the library's window was full, and an object
+that fit in it was reported as a stalled ``complete`` 10 s late. Such a write is progress only
+when it proves an earlier part acknowledged (more bytes handed over than the window holds);
+parts handed over and not proven keep the clock running between calls, and a stall names the
+oldest of them.
+
 A thread blocked inside a client library cannot be interrupted. The watchdog abandons it:
 control returns to the caller, the thread finishes when its library gives up (its request
 timeout), and whatever buffer it holds must never be handed out again — ``on_stall`` tells
@@ -47,10 +55,22 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
 class Watchdog:
     """Progress clock for one sink's calls; see the module docstring."""
 
-    def __init__(self, timeout: float, what: str, on_stall: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        what: str,
+        on_stall: Callable[[], None] | None = None,
+        *,
+        write_behind: Callable[[], int] = lambda: 0,
+        unacknowledged_stage: Callable[[int], str] = lambda offset: f"write at offset {offset}",
+    ) -> None:
         self.timeout = timeout
         self.what = what
         self.on_stall = on_stall
+        self._write_behind = write_behind  # the sink's window, asked after open
+        self._unacknowledged_stage = unacknowledged_stage
+        self._handed = 0  # bytes of returned writes a write-behind library took
+        self._acked = 0  # of those, bytes proven acknowledged by the storage
         self.stalled: StallError | None = None
         self.abandoned = 0  # calls given up on (their threads may still run)
         self._ids = itertools.count()
@@ -59,16 +79,40 @@ class Watchdog:
         self._trip: asyncio.Future[None] | None = None  # resolved when active calls must give up
         self._cleanup_until: float | None = None  # after a stall: abort + aclose share one budget
 
+    def new_object(self) -> None:
+        """A new object is opened: nothing of it was handed over yet."""
+        self._handed = self._acked = 0
+
+    def _progress(self, stage: str, handed: int, inner: asyncio.Future[Any]) -> bool:
+        """Whether ``inner``, finished, shows the storage made progress (``handed``: the bytes
+        of a write call, 0 for other calls)."""
+        if inner.cancelled() or inner.exception() is not None:
+            return True  # an answer, if only an error
+        if not handed:
+            if stage == "complete":
+                self._acked = self._handed  # the library waited for every part
+            return True
+        behind = self._write_behind()
+        if not behind:
+            return True
+        self._handed += handed
+        proven = self._handed - behind  # the library holds at most ``behind`` unacknowledged
+        if proven <= self._acked:
+            return False
+        self._acked = proven
+        return True
+
     def _deadline(self, stage: str) -> float:
         if stage in _CLEANUP:
             end = self._since + self.timeout * CLEANUP_SHARE
             return min(end, self._cleanup_until) if self._cleanup_until is not None else end
         return self._since + self.timeout
 
-    async def run(self, stage: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """``await fn()``, failing with StallError when the sink stops making progress."""
+    async def run(self, stage: str, fn: Callable[[], Awaitable[T]], handed: int = 0) -> T:
+        """``await fn()``, failing with StallError when the sink stops making progress;
+        ``handed``: the bytes a write call hands to the library."""
         loop = asyncio.get_running_loop()
-        if not self._active:
+        if not self._active and self._handed <= self._acked:  # idle, nothing left unacknowledged
             self._since = loop.time()
         cid = next(self._ids)
         self._active[cid] = (stage, loop.time())
@@ -92,7 +136,8 @@ class Watchdog:
                         inner.cancel()
                         continue
                     if inner.done():
-                        self._since = loop.time()  # progress
+                        if self._progress(stage, handed, inner):
+                            self._since = loop.time()
                         if cancelled:
                             raise asyncio.CancelledError
                         return inner.result()
@@ -115,6 +160,8 @@ class Watchdog:
         if not trip.done():
             loop = asyncio.get_running_loop()
             oldest = min(self._active.values(), key=lambda v: v[1])[0]
+            if self._handed > self._acked and oldest not in _CLEANUP:  # the part the calls wait behind
+                oldest = self._unacknowledged_stage(self._acked)
             budget = self.timeout * (CLEANUP_SHARE if oldest in _CLEANUP else 1)
             self.stalled = StallError(
                 f"{self.what}: {oldest} stalled: no storage call finished for {budget:g} s "
@@ -144,7 +191,13 @@ class WatchedSink(Sink):
         setattr(self, "uses_shared_arena", inner.uses_shared_arena)  # noqa: B010
         setattr(self, "stoppable", inner.stoppable)  # noqa: B010
         setattr(self, "has_directories", inner.has_directories)  # noqa: B010
-        self.watchdog = Watchdog(stall_timeout, f"{inner.uri} ({inner.backend})", self._on_stall)
+        self.watchdog = Watchdog(
+            stall_timeout,
+            f"{inner.uri} ({inner.backend})",
+            self._on_stall,
+            write_behind=inner.write_behind,
+            unacknowledged_stage=self._unacknowledged_stage,
+        )
         self._owner_on_stall = on_stall
 
     def _on_stall(self) -> None:
@@ -160,6 +213,13 @@ class WatchedSink(Sink):
     async def kill(self, why: str) -> None:
         await self.inner.kill(why)
 
+    def _unacknowledged_stage(self, offset: int) -> str:
+        part = offset // (self.options.chunk_size or 1) + 1
+        return f"write part {part} (offset {offset}; taken by {self.backend}, not acknowledged by storage)"
+
+    def write_behind(self) -> int:
+        return self.inner.write_behind()
+
     def writes_in_flight(self) -> int:
         return self.inner.writes_in_flight()
 
@@ -171,12 +231,13 @@ class WatchedSink(Sink):
 
     async def open(self, size: int) -> None:
         await self.inner.start()
+        self.watchdog.new_object()
         await self.watchdog.run("open", lambda: self.inner.open(size))
 
     async def write_part(self, offset: int, data: memoryview) -> float | None:
         part = offset // (self.options.chunk_size or max(len(data), 1)) + 1
         stage = f"write part {part} (offset {offset}, {len(data)} bytes)"
-        return await self.watchdog.run(stage, lambda: self.inner.write_part(offset, data))
+        return await self.watchdog.run(stage, lambda: self.inner.write_part(offset, data), len(data))
 
     async def begin_generation(self, spec: GenSpec) -> bool:
         return await self.watchdog.run("start generating", lambda: self.inner.begin_generation(spec))
@@ -184,7 +245,7 @@ class WatchedSink(Sink):
     async def write_generated(self, offset: int, nbytes: int) -> InPlaceWrite:
         part = offset // (self.options.chunk_size or max(nbytes, 1)) + 1
         stage = f"write part {part} (offset {offset}, {nbytes} bytes, generated in place)"
-        return await self.watchdog.run(stage, lambda: self.inner.write_generated(offset, nbytes))
+        return await self.watchdog.run(stage, lambda: self.inner.write_generated(offset, nbytes), nbytes)
 
     async def complete(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         return await self.watchdog.run("complete", lambda: self.inner.complete(*args, **kwargs))

@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -340,7 +340,7 @@ async def load_state(
     if finishing:
         await run_blocking(executor, _complete_all, finishing)
     arrays = {d.entry.name: d.result for d in dests}
-    state = await run_blocking(executor, unflatten, tree, arrays) if ours else arrays
+    state = await run_blocking(executor, _rebuild, tree, arrays, into) if ours else arrays
     if manifest is not None:
         how = f"CRC32C of the header and of {manifest.chunks} chunk(s) of {chunk} bytes"
     elif ours:
@@ -357,6 +357,34 @@ async def load_state(
         load=load,
         metadata={k: v for k, v in meta.items() if not k.startswith("asyncckpt.")},
     )
+
+
+def _rebuild(tree: Any, arrays: Mapping[str, Any], into: Mapping[Any, Any] | None) -> Any:
+    """The loaded state; with ``into=``, its non-array values written back into ``into`` too
+    (a resumed loop reads ``state["step"]`` from the object it passed); blocking."""
+    state = unflatten(tree, arrays)
+    if into is not None:
+        restore_values(into, state)
+    return state
+
+
+def restore_values(dst: object, src: object) -> None:
+    """Make the mutable containers of ``dst`` (mappings, lists; at any depth) hold ``src``'s
+    values where they differ: scalars, and immutable containers such as tuples, which are
+    replaced whole (their arrays are ``dst``'s own, bound by the load). Keys or items
+    ``dst`` lacks are not added; an immutable ``dst`` is left alone (the result has them)."""
+    if isinstance(dst, MutableMapping) and isinstance(src, Mapping):
+        pairs: list[tuple[Any, Any]] = [(k, src[k]) for k in dst if k in src]
+    elif isinstance(dst, list) and isinstance(src, list):
+        pairs = list(enumerate(src[: len(dst)]))
+    else:
+        return
+    for key, value in pairs:
+        mine = dst[key]
+        if isinstance(mine, (MutableMapping, list)) and isinstance(value, (Mapping, list)):
+            restore_values(mine, value)
+        elif mine is not value:
+            dst[key] = value
 
 
 def _complete_all(dests: list[Destination]) -> None:

@@ -194,6 +194,7 @@ class _Server:
             "temp_path": os.fspath(temp) if temp is not None else None,
             "describe": sink.describe(),
             "writes_in_flight": sink.writes_in_flight(),
+            "write_behind": sink.write_behind(),
         }
 
     async def do_write(self, hid: int, offset: int, at: int, length: int) -> float:

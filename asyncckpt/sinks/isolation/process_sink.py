@@ -356,6 +356,7 @@ class ProcessSink(Sink):
         self._writer: WriterProcess | None = None
         self._hid = next(_HANDLES)
         self._writes_in_flight = self.default_in_flight  # until the child's handle is open
+        self._write_behind = 0
         self._bound = False
         self._temp_path: str | None = None
         self._facts: dict[str, Any] = {}
@@ -418,10 +419,15 @@ class ProcessSink(Sink):
         self._temp_path = facts["temp_path"]
         self._facts = facts["describe"]
         self._writes_in_flight = int(facts["writes_in_flight"])
+        self._write_behind = int(facts["write_behind"])
 
     def writes_in_flight(self) -> int:
         """What the child's opened handle says (a file on tmpfs: one)."""
         return self._writes_in_flight
+
+    def write_behind(self) -> int:
+        """What the child's opened handle says (s3dlio: its upload window)."""
+        return self._write_behind
 
     async def write_part(self, offset: int, data: memoryview) -> float | None:
         at = self.arena.locate(data) if self.arena is not None else None
