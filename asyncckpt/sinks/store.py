@@ -4,7 +4,9 @@ A sink is one object (a writer and reader handle); the store owns what must not 
 for each of them: the resolved settings (read once, ``.env`` included), the client library's
 client and its connection pool. The checkpointer keeps one store per backend and closes it in
 ``aclose()``; a sink made without a store (a writer process, a one-off call) gets a private
-one and closes it itself. Models: zarr's ``Store`` over keys, obstore's one store per bucket.
+one and closes it itself. What a store shares belongs to one event loop: the router closes it
+when that loop ends and the next loop builds it again (``sinks/loops.py``). Models: zarr's
+``Store`` over keys, obstore's one store per bucket.
 """
 
 from __future__ import annotations
@@ -52,9 +54,15 @@ class Shared:
         return found
 
     async def aclose(self) -> None:
-        self._items = {}
+        """Close everything built so far; the next ``get``/``enter`` builds anew."""
+        await self.abandon().aclose()
+
+    def abandon(self) -> contextlib.AsyncExitStack:
+        """Forget everything built so far (its event loop ended) and return its closers,
+        unrun: the caller runs them where no dead loop is needed, or drops them."""
+        self._items, self._lock = {}, asyncio.Lock()  # a lock binds to the loop that waits on it
         stack, self._stack = self._stack, contextlib.AsyncExitStack()
-        await stack.aclose()
+        return stack
 
 
 class Store:
