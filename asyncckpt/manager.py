@@ -26,6 +26,7 @@ from .errors import ConfigError
 from .modes import StagingMode, WhenBusy
 from .node.collectives import Collectives, get_collectives
 from .sinks import leftovers
+from .sinks.loops import orphaned
 
 log = logging.getLogger("asyncckpt")
 
@@ -41,6 +42,7 @@ class ManagerStats:
     cleaned: list[int] = field(default_factory=list)  # uncommitted steps of dead owners removed
     left: list[tuple[int, str]] = field(default_factory=list)  # uncommitted steps kept, and why
     failed: list[tuple[int, str]] = field(default_factory=list)  # saves or deletes that failed
+    abandoned: list[int] = field(default_factory=list)  # saves whose event loop ended before they committed
 
 
 def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
@@ -93,6 +95,7 @@ class CheckpointManager:
         self.stats = ManagerStats()
         self._coll: Collectives | None = None
         self._pending: list[asyncio.Task[None]] = []
+        self._steps: dict[asyncio.Task[None], int] = {}  # the step each pending task saves
         self._deleting: asyncio.Task[None] | None = None
         self._reserving: asyncio.Task[int] | None = None  # the staging area, made ahead of a save
         self._started = False
@@ -116,13 +119,31 @@ class CheckpointManager:
         await self._coll.barrier()  # no rank writes a step while rank 0 may still be cleaning
 
     async def wait(self) -> None:
-        """Until every pending save has committed (or failed) and old steps are deleted."""
-        while self._pending:
+        """Until every pending save has committed (or failed) and old steps are deleted. A save
+        its event loop abandoned is reported (``stats.abandoned``), never waited for."""
+        while self._still_pending():
             await asyncio.wait(list(self._pending))
-            self._pending = [t for t in self._pending if not t.done()]
         for task in (self._deleting, self._reserving):
-            if task is not None:
+            if task is not None and not orphaned(task):
                 await asyncio.wait([task])
+
+    def _still_pending(self) -> list[asyncio.Task[None]]:
+        """The saves still running, after forgetting those an ended event loop left pending
+        (closed without cancelling them): they can never finish, and waiting would hang."""
+        for task in [t for t in self._pending if orphaned(t)]:
+            self._abandoned(self._steps.get(task, -1))
+        self._pending = [t for t in self._pending if not t.done() and not orphaned(t)]
+        self._steps = {t: self._steps[t] for t in self._pending}
+        return self._pending
+
+    def _abandoned(self, step: int) -> None:
+        self.stats.abandoned.append(step)
+        log.error(
+            "checkpoint of step %d under %s was abandoned before it committed: its event loop ended "
+            "first; await mgr.wait() or mgr.aclose() before the loop ends",
+            step,
+            self.root,
+        )
 
     async def aclose(self) -> None:
         """Wait for pending saves and deletions, then close the checkpointer if it is ours."""
@@ -163,22 +184,22 @@ class CheckpointManager:
             self._reserve(state)
             return False
         await self.start()
-        self._pending = [t for t in self._pending if not t.done()]
-        if len(self._pending) >= self.max_pending_saves:
+        if len(self._still_pending()) >= self.max_pending_saves:
             if self.when_busy == "skip":
                 self.stats.skipped.append(step)
                 return False
             t0 = now()
-            while len(self._pending) >= self.max_pending_saves:
+            while len(self._still_pending()) >= self.max_pending_saves:
                 await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
-                self._pending = [t for t in self._pending if not t.done()]
             self.stats.waited.append((step, now() - t0))
         assert self._coll is not None
         previous = self._pending[-1] if self._pending else None
         commit = await steps.start_step(
             self.ckpt, self.root, step, state, staging=self.staging, coll=self._coll, after=previous
         )
-        self._pending.append(asyncio.create_task(self._finish(step, commit)))
+        task = asyncio.create_task(self._finish(step, commit), name=f"asyncckpt-step {step}")
+        self._pending.append(task)
+        self._steps[task] = step
         return True
 
     # -- background work ---------------------------------------------------------------
@@ -193,6 +214,9 @@ class CheckpointManager:
     async def _finish(self, step: int, commit: asyncio.Task[steps.StepCommit]) -> None:
         try:
             await commit
+        except asyncio.CancelledError:  # only the end of its event loop cancels it
+            self._abandoned(step)
+            raise
         except Exception as exc:
             self.stats.failed.append((step, f"save: {exc}"))
             log.error("checkpoint of step %d failed: %s", step, exc)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any
 
 Release = Callable[[], Awaitable[None]]
 
@@ -28,6 +29,12 @@ def _running() -> asyncio.AbstractEventLoop | None:
     with contextlib.suppress(RuntimeError):
         return asyncio.get_running_loop()
     return None
+
+
+def orphaned(task: asyncio.Future[Any]) -> bool:
+    """Whether ``task`` is pending on an event loop other than the running one (that loop
+    ended, or was closed, without finishing it): awaiting it from here would never return."""
+    return not task.done() and task.get_loop() is not _running()
 
 
 def _finish(guard: AsyncGenerator[None, None]) -> None:
