@@ -56,29 +56,30 @@ class LoopBound:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._guard: AsyncGenerator[None, None] | None = None
 
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop | None:
-        """The loop the owner's loop-bound things belong to (None: nothing is bound)."""
-        return self._loop
-
     async def enter(self) -> None:
-        """Bind to the running loop (called before any loop-bound thing is made or used)."""
+        """Bind to the running loop (called before any loop-bound thing is made or used).
+
+        The new binding is in place before the first suspension, and the owner's ``abandon``
+        lets go of the old loop's things before its own first one: a task that runs meanwhile
+        sees the new loop and builds anew, never on what is being abandoned."""
         loop = asyncio.get_running_loop()
         if loop is self._loop:
             return
-        await self._leave_other()
-        self._loop, self._guard = loop, self._until_end(loop)
-        await self._guard.asend(None)
+        old, self._loop, self._guard = self._guard, loop, self._until_end(loop)
+        await self._guard.asend(None)  # runs to its yield: no suspension
+        await self._drop(old)
 
     async def leave(self) -> None:
         """Release now (the owner's ``aclose``), on the running loop if they belong to it."""
-        if self._loop is _running() and self._guard is not None:
-            await self._guard.aclose()  # its finally releases
-        await self._leave_other()
+        guard, self._guard = self._guard, None
+        if guard is not None and self._loop is _running():
+            await guard.aclose()  # its finally releases
+        else:
+            await self._drop(guard)
+        self._loop = None
 
-    async def _leave_other(self) -> None:
-        guard, self._guard, self._loop = self._guard, None, None
-        if guard is not None:
+    async def _drop(self, guard: AsyncGenerator[None, None] | None) -> None:
+        if guard is not None:  # its loop ended without closing it
             _finish(guard)
             await self._abandon()
 
@@ -87,5 +88,6 @@ class LoopBound:
             yield
         finally:
             if _running() is loop:  # closed by its own loop's shutdown (or by leave())
-                self._loop = self._guard = None
+                if self._loop is loop:
+                    self._loop = self._guard = None
                 await self._release()

@@ -84,7 +84,7 @@ class StorageRouter:
         self._retired: list[Store] = []
         #: writer processes, reused by every object (isolation)
         self.writers = WriterPool()
-        self.loop_bound = LoopBound(self._release, self._abandon)
+        self._loops = LoopBound(self._release, self._abandon)
 
     def route(self, uri: object) -> tuple[str, WriterPolicy]:
         """The backend serving ``uri`` and whether it runs in a writer process; no I/O."""
@@ -104,7 +104,7 @@ class StorageRouter:
         (``import s3dlio`` takes 1.6 s, aiobotocore's a few tenths): not on the loop. A writer
         process imports its own. Called before any handle does I/O: it also follows the running
         event loop (clients and writers of an ended loop are replaced)."""
-        await self.loop_bound.enter()
+        await self._loops.enter()
         name, policy = self.route(uri)
         if name not in _IMPORTED and policy.isolation != "process":
             await run_blocking(self._executor(), import_backend, name)
@@ -154,7 +154,7 @@ class StorageRouter:
 
     async def aclose(self) -> None:
         """Close every store's clients and reap every writer process; idempotent."""
-        await self.loop_bound.leave()
+        await self._loops.leave()
         await self._release()  # what was made before any loop was bound (nothing, usually)
         self._stores = {}
 
