@@ -29,6 +29,8 @@ CHUNKS = 32  # the write needs many loop iterations: the loop cannot end after i
 
 
 def _state() -> dict[str, Any]:
+    """Built by the sync test, not on a loop: 32 MiB of arange took 0.13 s on a busy machine,
+    which the loop guard (tests/loop_guard.py) counts as a blocked loop."""
     return {"w": np.arange(CHUNKS * MiB // 4, dtype=np.float32)}
 
 
@@ -40,10 +42,10 @@ def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-async def _start_writing(ckpt: AsyncCheckpointer, uri: str) -> StagedSave:
+async def _start_writing(ckpt: AsyncCheckpointer, uri: str, state: dict[str, Any]) -> StagedSave:
     """A staged save whose background write has written its first chunk."""
     first = asyncio.Event()
-    staged = await ckpt.save_state(uri, _state(), staging="host", progress=lambda n: first.set())
+    staged = await ckpt.save_state(uri, state, staging="host", progress=lambda n: first.set())
     await first.wait()
     return staged
 
@@ -53,7 +55,8 @@ def test_a_staged_save_dropped_by_its_loop_is_reported(
 ) -> None:
     uri = str(tmp_path / "dropped.safetensors")
     ckpt = _ckpt()
-    staged = asyncio.run(_start_writing(ckpt, uri))  # returns mid-write: the loop cancels it
+    state = _state()
+    staged = asyncio.run(_start_writing(ckpt, uri, state))  # returns mid-write: the loop cancels it
     assert any(uri in e and "abandoned" in e for e in _errors(caplog)), _errors(caplog)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing half-written, no temp file
     with pytest.raises(SaveAbandonedError, match=r"dropped\.safetensors"):
@@ -61,17 +64,16 @@ def test_a_staged_save_dropped_by_its_loop_is_reported(
     assert staged.done() and staged.abandoned()
 
     async def next_loop() -> None:  # the area is usable again, and aclose waits for its save
-        await ckpt.save_state(str(tmp_path / "next.safetensors"), _state(), staging="host")
+        await ckpt.save_state(str(tmp_path / "next.safetensors"), state, staging="host")
         await ckpt.aclose()
 
     asyncio.run(next_loop())
-    np.testing.assert_array_equal(
-        safetensors.numpy.load_file(tmp_path / "next.safetensors")["w"], _state()["w"]
-    )
+    np.testing.assert_array_equal(safetensors.numpy.load_file(tmp_path / "next.safetensors")["w"], state["w"])
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
 def test_aclose_after_a_loop_closed_without_cancelling_its_save(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -81,15 +83,16 @@ def test_aclose_after_a_loop_closed_without_cancelling_its_save(
     ckpt = _ckpt()
     loop = asyncio.new_event_loop()
     try:
-        staged = loop.run_until_complete(_start_writing(ckpt, uri))
+        staged = loop.run_until_complete(_start_writing(ckpt, uri, _state()))
     finally:
         loop.close()
     asyncio.run(ckpt.aclose())
     assert any(uri in e and "abandoned" in e for e in _errors(caplog)), _errors(caplog)
     assert not Path(uri).exists()
     assert not staged.cancelled() and staged.abandoned() and staged.done()
-    # the dead loop's own pending tasks (the pipeline's) are reported by Python when collected,
-    # as for any loop closed with tasks pending: collected here, under this test's filter
+    # the dead loop's pending tasks (the write's and the pipeline's) are reported by Python when
+    # collected, as for any loop closed with tasks pending: collected here, under this filter
+    del staged, loop
     gc.collect()
 
 
@@ -97,9 +100,10 @@ def test_a_manager_save_dropped_by_its_loop_is_reported(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     mgr = CheckpointManager(tmp_path, staging="host", chunk_size=MiB, num_buffers=4)
+    state = _state()
 
     async def main() -> None:
-        assert await mgr.maybe_save(1, _state())  # returns after the copy: the write is pending
+        assert await mgr.maybe_save(1, state)  # returns after the copy: the write is pending
 
     asyncio.run(main())
     errors = _errors(caplog)
@@ -116,9 +120,11 @@ def test_a_manager_save_dropped_by_its_loop_is_reported(
 
 
 def test_manager_aclose_waits_for_its_pending_save(tmp_path: Path) -> None:
+    state = _state()
+
     async def main() -> None:
         mgr = CheckpointManager(tmp_path, staging="host", chunk_size=MiB, num_buffers=4)
-        assert await mgr.maybe_save(1, _state())
+        assert await mgr.maybe_save(1, state)
         await mgr.aclose()  # waits: the step commits before the loop ends
         assert mgr.stats.saved == [1]
 
