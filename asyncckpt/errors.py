@@ -63,6 +63,11 @@ class WriterProcessError(AsyncCkptError, RuntimeError):
     """The isolated writer process died, stalled or failed."""
 
 
+class SaveAbandonedError(AsyncCkptError, RuntimeError):
+    """A background (``staging="host"``) save was abandoned before it finished: its event
+    loop ended first. Nothing was published at its URI."""
+
+
 class CollectiveError(AsyncCkptError, RuntimeError):
     """A collective failed in the transport (a peer died, a timeout, a broken connection)."""
 

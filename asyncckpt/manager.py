@@ -28,6 +28,7 @@ from .errors import CollectiveError, ConfigError
 from .modes import StagingMode, WhenBusy
 from .node.collectives import Collectives, get_collectives
 from .sinks import leftovers
+from .sinks.loops import orphaned
 
 log = logging.getLogger("asyncckpt")
 
@@ -43,6 +44,7 @@ class ManagerStats:
     cleaned: list[int] = field(default_factory=list)  # uncommitted steps removed: dead owners', failed saves'
     left: list[tuple[int, str]] = field(default_factory=list)  # uncommitted steps kept, and why
     failed: list[tuple[int, str]] = field(default_factory=list)  # saves or deletes that failed
+    abandoned: list[int] = field(default_factory=list)  # saves whose event loop ended before they committed
 
 
 def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
@@ -100,6 +102,7 @@ class CheckpointManager:
         self._unraised: list[Exception] = []  # background failures wait()/aclose() have not raised
         self._coll: Collectives | None = None
         self._pending: list[asyncio.Task[None]] = []
+        self._steps: dict[asyncio.Task[None], int] = {}  # the step each pending task saves
         self._deleting: asyncio.Task[None] | None = None
         self._reserving: asyncio.Task[int] | None = None  # the staging area, made ahead of a save
         self._started = False
@@ -125,16 +128,34 @@ class CheckpointManager:
     async def wait(self) -> None:
         """Until every pending save has committed (or failed) and old steps are deleted; then
         raises the first failure of that work not raised yet (unless ``raise_on_failure=False``):
-        a loop must not train on believing its checkpoints exist."""
-        while self._pending:
+        a loop must not train on believing its checkpoints exist. A save its event loop
+        abandoned is reported (``stats.abandoned``), never waited for."""
+        while self._still_pending():
             await asyncio.wait(list(self._pending))
-            self._pending = [t for t in self._pending if not t.done()]
         for task in (self._deleting, self._reserving):
-            if task is not None:
+            if task is not None and not orphaned(task):
                 await asyncio.wait([task])
         failures, self._unraised = self._unraised, []
         if failures and self.raise_on_failure:
             raise failures[0]  # the others are in stats.failed and the log
+
+    def _still_pending(self) -> list[asyncio.Task[None]]:
+        """The saves still running, after forgetting those an ended event loop left pending
+        (closed without cancelling them): they can never finish, and waiting would hang."""
+        for task in [t for t in self._pending if orphaned(t)]:
+            self._abandoned(self._steps.get(task, -1))
+        self._pending = [t for t in self._pending if not t.done() and not orphaned(t)]
+        self._steps = {t: self._steps[t] for t in self._pending}
+        return self._pending
+
+    def _abandoned(self, step: int) -> None:
+        self.stats.abandoned.append(step)
+        log.error(
+            "checkpoint of step %d under %s was abandoned before it committed: its event loop ended "
+            "first; await mgr.wait() or mgr.aclose() before the loop ends",
+            step,
+            self.root,
+        )
 
     async def aclose(self) -> None:
         """Wait for pending saves and deletions, then close the checkpointer if it is ours."""
@@ -181,15 +202,13 @@ class CheckpointManager:
             self._reserve(state)
             return False
         await self.start()
-        self._pending = [t for t in self._pending if not t.done()]
-        if len(self._pending) >= self.max_pending_saves:
+        if len(self._still_pending()) >= self.max_pending_saves:
             if self.when_busy == "skip":
                 self.stats.skipped.append(step)
                 return False
             t0 = now()
-            while len(self._pending) >= self.max_pending_saves:
+            while len(self._still_pending()) >= self.max_pending_saves:
                 await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
-                self._pending = [t for t in self._pending if not t.done()]
             self.stats.waited.append((step, now() - t0))
         assert self._coll is not None
         previous = self._pending[-1] if self._pending else None
@@ -201,7 +220,9 @@ class CheckpointManager:
             self.stats.failed.append((step, f"save: {exc}"))
             await self._clean_failed(step, exc)
             raise
-        self._pending.append(asyncio.create_task(self._finish(step, commit)))
+        task = asyncio.create_task(self._finish(step, commit), name=f"asyncckpt-step {step}")
+        self._pending.append(task)
+        self._steps[task] = step
         return True
 
     # -- background work ---------------------------------------------------------------
@@ -216,6 +237,9 @@ class CheckpointManager:
     async def _finish(self, step: int, commit: asyncio.Task[steps.StepCommit]) -> None:
         try:
             await commit
+        except asyncio.CancelledError:  # only the end of its event loop cancels it
+            self._abandoned(step)
+            raise
         except Exception as exc:
             self.stats.failed.append((step, f"save: {exc}"))
             self._unraised.append(exc)

@@ -6,25 +6,49 @@ the stall watchdog. The checkpointer composes one (``ckpt.storage``) beside its 
 the manager and the state functions ask it for handles and capabilities instead of reaching
 into the checkpointer. Models: obstore's one store per bucket and ``from_url``; zarr's
 ``Store`` over keys with capability flags.
+
+Clients and writer processes belong to the event loop they were made on: the router closes them
+as that loop ends and builds new ones on the next (``loops.py``), so sync code may call
+``asyncio.run`` more than once with one checkpointer.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 
 from ..blocking import Offload, run_blocking
 from ..errors import ConfigError
 from .base import Sink, SinkOptions
 from .isolation import WriterPolicy, resolve_policy
+from .isolation.proc import reap
 from .isolation.process_sink import ProcessSink, WriterPool
+from .loops import LoopBound
 from .registry import BACKENDS, backend_class, import_backend, resolve_backend
 from .store import Store
 from .watchdog import watch
 
 #: backends whose modules this process has imported (off the loop, by ``handle``)
 _IMPORTED: set[str] = set()
+log = logging.getLogger("asyncckpt")
+
+
+def _close_abandoned(stacks: list[contextlib.AsyncExitStack], procs: list[BaseProcess]) -> None:
+    """Blocking: close clients whose loop is gone on a private loop of this worker thread (what
+    needs the dead loop is skipped by the library or fails here, quietly), and reap writers."""
+    for stack in stacks:
+        try:
+            asyncio.run(stack.aclose())
+        except Exception as exc:  # best effort: the loop they needed is gone
+            log.debug("closing clients of an ended event loop: %s", exc)
+    for proc in procs:
+        reap(proc, 5.0)  # the child saw EOF on its pipe and is exiting
+        proc.close()
 
 
 @dataclass(frozen=True)
@@ -60,6 +84,7 @@ class StorageRouter:
         self._retired: list[Store] = []
         #: writer processes, reused by every object (isolation)
         self.writers = WriterPool()
+        self._loops = LoopBound(self._release, self._abandon)
 
     def route(self, uri: object) -> tuple[str, WriterPolicy]:
         """The backend serving ``uri`` and whether it runs in a writer process; no I/O."""
@@ -77,7 +102,9 @@ class StorageRouter:
     async def prepare(self, uri: object) -> None:
         """Import ``uri``'s backend module and client library in a thread the first time
         (``import s3dlio`` takes 1.6 s, aiobotocore's a few tenths): not on the loop. A writer
-        process imports its own."""
+        process imports its own. Called before any handle does I/O: it also follows the running
+        event loop (clients and writers of an ended loop are replaced)."""
+        await self._loops.enter()
         name, policy = self.route(uri)
         if name not in _IMPORTED and policy.isolation != "process":
             await run_blocking(self._executor(), import_backend, name)
@@ -134,7 +161,23 @@ class StorageRouter:
 
     async def aclose(self) -> None:
         """Close every store's clients and reap every writer process; idempotent."""
-        stores, self._stores, self._retired = [*self._retired, *self._stores.values()], {}, []
+        await self._loops.leave()
+        await self._release()  # what was made before any loop was bound (nothing, usually)
+        self._stores = {}
+
+    async def _release(self) -> None:
+        """The loop they belong to ends (or ``aclose``): close the stores' clients and the
+        writer processes on it. The stores stay, for the next loop's clients."""
+        stores, self._retired = [*self._retired, *self._stores.values()], []
         for store in stores:
             await store.aclose()
         await self.writers.aclose()
+
+    async def _abandon(self) -> None:
+        """The loop they belong to ended without closing them: nothing is awaited on it; the
+        clients are closed from a worker thread where they can be, the writers reaped."""
+        stacks = [store.shared.abandon() for store in [*self._retired, *self._stores.values()]]
+        self._retired = []
+        procs = self.writers.abandon()
+        if stacks or procs:
+            await run_blocking(self._executor(), _close_abandoned, stacks, procs)

@@ -71,7 +71,16 @@ class Shared:
         return found
 
     async def aclose(self) -> None:
+        """Wait for the background work, then close everything built so far; the next
+        ``get``/``enter`` builds anew."""
         await self.settle()
-        self._items = {}
+        await self.abandon().aclose()
+
+    def abandon(self) -> contextlib.AsyncExitStack:
+        """Forget everything built so far (its event loop ended) and return its closers,
+        unrun: the caller runs them where no dead loop is needed, or drops them. Background
+        work of the dead loop is forgotten too: it can no longer run."""
+        self._items, self._lock = {}, asyncio.Lock()  # a lock binds to the loop that waits on it
+        self._background = set()
         stack, self._stack = self._stack, contextlib.AsyncExitStack()
-        await stack.aclose()
+        return stack

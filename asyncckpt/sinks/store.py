@@ -4,7 +4,9 @@ A sink is one object (a writer and reader handle); the store owns what must not 
 for each of them: the resolved settings (read once, ``.env`` included), the client library's
 client and its connection pool. The checkpointer keeps one store per backend and closes it in
 ``aclose()``; a sink made without a store (a writer process, a one-off call) gets a private
-one and closes it itself. Models: zarr's ``Store`` over keys, obstore's one store per bucket.
+one and closes it itself. What a store shares belongs to one event loop: the router closes it
+when that loop ends and the next loop builds it again (``sinks/loops.py``). Models: zarr's
+``Store`` over keys, obstore's one store per bucket.
 """
 
 from __future__ import annotations

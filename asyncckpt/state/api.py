@@ -15,6 +15,7 @@ view is scattered into the destination arrays (fresh, or the caller's with ``int
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -143,9 +144,9 @@ def _copy_pieces(pieces: list[tuple[memoryview, memoryview]]) -> None:
 
 
 async def close_staging(area: StagingArea) -> None:
-    """Wait for a background staged save, then free the staging area (``aclose``)."""
-    if area.pending is not None:
-        await asyncio.wait([area.pending])
+    """Wait for a background staged save (or say it was abandoned), then free the staging area
+    (``aclose``)."""
+    await area.settle()
     await run_blocking(Offload(1), area.close)  # unmapping: off the loop thread
 
 
@@ -250,9 +251,9 @@ async def _stage_and_write(
         return _state_result(p, "host", blocked, waited, copy_s, prepass, copied, saved)
 
     task = asyncio.create_task(write(), name=f"asyncckpt-staged-save {uri}")
-    task.add_done_callback(_log_failure)
-    area.pending = task
-    return StagedSave(task, uri=uri, blocked_s=blocked)
+    staged = area.pending = StagedSave(task, uri=uri, blocked_s=blocked)
+    task.add_done_callback(functools.partial(_log_failure, staged))
+    return staged
 
 
 def _state_result(
@@ -392,9 +393,13 @@ def _complete_all(dests: list[Destination]) -> None:
         d.complete()
 
 
-def _log_failure(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("background state save failed: %s", task.exception())
+def _log_failure(staged: StagedSave, task: asyncio.Task[Any]) -> None:
+    """Say so when a background save fails, or is cancelled: only its loop's end cancels it
+    (``asyncio.run`` returned without awaiting it), and the caller may never look again."""
+    if task.cancelled():
+        log.error("%s", staged.abandoned_text())
+    elif task.exception() is not None:
+        log.error("background state save of %s failed: %s", staged.uri, task.exception())
 
 
 def _uri(uri: object) -> str:

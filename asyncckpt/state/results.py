@@ -7,9 +7,11 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import SaveAbandonedError
 from ..modes import StagingMode as StagingMode  # re-exported: asyncckpt.state.StagingMode
 from ..modes import choices
 from ..results.records import LoadResult, SaveResult
+from ..sinks.loops import orphaned
 
 STAGING_MODES = choices(StagingMode)
 
@@ -47,7 +49,10 @@ class StagedSave:
     """A ``staging="host"`` save writing in the background: ``await`` it for the result.
 
     The caller's arrays were copied before this handle was returned (``blocked_s``); the
-    result arrives once the object is durable and published at its URI.
+    result arrives once the object is durable and published at its URI. The write runs on
+    the event loop that started it: if that loop ends first (``asyncio.run`` returned), the
+    write is abandoned, nothing is published, an error naming the URI is logged and awaiting
+    this raises :class:`~asyncckpt.errors.SaveAbandonedError`.
     """
 
     def __init__(self, task: asyncio.Task[StateSaveResult], *, uri: str, blocked_s: float) -> None:
@@ -56,8 +61,29 @@ class StagedSave:
         self.blocked_s = blocked_s
 
     def done(self) -> bool:
-        """True once the write finished (successfully or not)."""
-        return self._task.done()
+        """True once the write finished (successfully or not) or was abandoned."""
+        return self._task.done() or orphaned(self._task)
+
+    def cancelled(self) -> bool:
+        """True when the write was cancelled: its loop ended (and cancelled it) first."""
+        return self._task.cancelled()
+
+    def abandoned(self) -> bool:
+        """True when the write was given up before it finished: its event loop ended first."""
+        return self._task.cancelled() or orphaned(self._task)
+
+    def abandoned_text(self) -> str:
+        """What is logged and raised for an abandoned write: its URI, and what to do."""
+        return (
+            f"the staged save of {self.uri} was abandoned before it finished: its event loop ended "
+            "first, and nothing was published there; await the StagedSave (or aclose() the "
+            "checkpointer or manager) before the loop ends"
+        )
+
+    async def settled(self) -> None:
+        """Until the write is over, never raising; a cancelled caller leaves it running."""
+        if not self.done():
+            await asyncio.wait([self._task])
 
     def add_done_callback(self, fn: Callable[[StagedSave], object]) -> None:
         """Call ``fn(self)`` once the background write has ended (written, failed or cancelled)."""
@@ -65,7 +91,10 @@ class StagedSave:
 
     async def wait(self) -> StateSaveResult:
         """The result once the data is durable; raises what the background write raised."""
-        return await asyncio.shield(self._task)
+        await self.settled()
+        if self.abandoned():
+            raise SaveAbandonedError(self.abandoned_text())
+        return self._task.result()
 
     def __await__(self) -> Generator[Any, None, StateSaveResult]:
         return self.wait().__await__()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import mmap
 from collections import deque
 from collections.abc import AsyncIterator
@@ -27,6 +28,9 @@ from ..blocking import run_blocking
 from ..engine.pipeline import unwrap_group
 from ..pool import PAGE, close_mapping, private_mapping
 from .arrays import SaveTensor
+from .results import StagedSave
+
+log = logging.getLogger("asyncckpt")
 
 ALIGN = 64 << 10  # where a tensor's copy may be cut between threads (whole pages, either size)
 INLINE_COPY = 16 << 20  # a state this small is copied by the thread that laid it out
@@ -36,18 +40,38 @@ PIECE = 8 << 20  # the largest piece of a contiguous tensor's copy (a multiple o
 class StagingArea:
     def __init__(self) -> None:
         self._map: mmap.mmap | None = None
-        self.pending: asyncio.Task[Any] | None = None  # the background write using the area
-        self.lock = asyncio.Lock()  # held while a save copies into the area
+        self.pending: StagedSave | None = None  # the background write using the area
+        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held while a save copies into the area; one per event loop (a lock is bound to the
+        loop that first waited on it, and sync code may call ``asyncio.run`` more than once)."""
+        loop = asyncio.get_running_loop()
+        for old in [lp for lp in self._locks if lp.is_closed()]:
+            del self._locks[old]
+        return self._locks.setdefault(loop, asyncio.Lock())
 
     @contextlib.asynccontextmanager
     async def claimed(self) -> AsyncIterator[None]:
         """Held while a save copies into the area or a reservation remaps it: one at a time,
         and only once the background write from the area is over (never remapped under it)."""
         async with self.lock:
-            if self.pending is not None:
-                await asyncio.wait([self.pending])
-                self.pending = None
+            await self.settle()
             yield
+
+    async def settle(self) -> None:
+        """Until the background write from the area is over. One that an ended event loop left
+        pending is reported (with its URI) and forgotten: it can never finish, and waiting for
+        it would hang; one cancelled as its loop ended was reported then."""
+        staged = self.pending
+        if staged is None:
+            return
+        if staged.abandoned() and not staged.cancelled():  # like a crash: a temporary may remain
+            log.error("%s (the loop was closed with it pending)", staged.abandoned_text())
+        await staged.settled()
+        if self.pending is staged:  # a cancelled wait leaves it pending: never remapped under it
+            self.pending = None
 
     @property
     def mapping(self) -> mmap.mmap | None:

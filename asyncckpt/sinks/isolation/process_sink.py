@@ -281,6 +281,21 @@ class WriterProcess:
         proc.close()
         self._proc, self._dead = None, self._dead or "the writer process was closed"
 
+    def abandon(self) -> BaseProcess | None:
+        """Let the child go without the event loop that started it (that loop ended): close
+        the pipe (at EOF the child aborts what it was writing and exits) and stop the sender;
+        nothing is awaited. Returns the process for the caller to reap off the loop."""
+        self._closing, self._reading = True, False  # the reader was registered on the dead loop
+        self._dead = self._dead or "the writer process belonged to an event loop that ended"
+        if self._sender is not None:
+            self._sender.shutdown(wait=False)
+            self._sender = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        proc, self._proc = self._proc, None
+        return proc
+
 
 class WriterPool:
     """One :class:`WriterProcess` per (backend, arena) for a checkpointer's life; a dead one is
@@ -308,10 +323,18 @@ class WriterPool:
         return list(self._writers.values())
 
     async def aclose(self) -> None:
-        writers, self._writers = [*self._retired, *self._writers.values()], {}
-        self._retired = []
-        for writer in writers:
+        for writer in self._take():
             await writer.aclose()
+
+    def abandon(self) -> list[BaseProcess]:
+        """Let every writer go without the event loop they ran on (see ``WriterProcess.abandon``);
+        the processes to reap. The next object starts a new writer."""
+        procs = [writer.abandon() for writer in self._take()]
+        return [p for p in procs if p is not None]
+
+    def _take(self) -> list[WriterProcess]:
+        writers, self._writers, self._retired = [*self._retired, *self._writers.values()], {}, []
+        return writers
 
 
 class ProcessSink(Sink):
