@@ -431,6 +431,24 @@ def core_modules() -> list[str]:
     return sorted(m.name for m in found if not m.name.startswith(OUTER) and not m.name.endswith("__main__"))
 
 
+#: what only sinks/ may ask: the backend behind a URI by its name or scheme, and the wrappers'
+#: types. Everyone else asks a handle's (or ``sinks.capabilities(uri)``'s) capabilities.
+STORAGE_INTERNALS = frozenset(
+    {"scheme_of", "resolve_backend", "backend_class", "BACKENDS", "SCHEMES", "ProcessSink", "WatchedSink"}
+)
+
+
+def test_storage_is_asked_by_capability_outside_sinks() -> None:
+    problems = [
+        f"{i.where}: {i.importer} imports {name} from {i.target}"
+        for i in IMPORTS
+        if not i.importer.startswith("asyncckpt.sinks")
+        for name in i.names
+        if name in STORAGE_INTERNALS
+    ]
+    assert not problems, report("storage asked by name or scheme outside sinks/", problems)
+
+
 def test_core_modules_import_neither_the_cli_nor_the_servers() -> None:
     modules = core_modules()
     assert {"asyncckpt.checkpointer", "asyncckpt.engine.pipeline", "asyncckpt.sinks.file"} <= set(modules)

@@ -18,7 +18,7 @@ from ..modes import choices
 from ..node.collectives import job_comm
 from ..node.topology import world
 from ..servers.embedded import start_for_bench
-from ..sinks import backend_class, path_from_uri, resolve_backend, scheme_of
+from ..sinks import capabilities, local_path
 from ..sinks.s3 import installed_backends
 from ..units import parse_size
 from .dlio_run import main_workload
@@ -159,14 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
 def check_local_target(plan: BenchPlan) -> None:
     """A save into a folder it cannot write is bad input, said before the first byte."""
     target = plan.target
-    if plan.mode != "load" and target is not None and scheme_of(target) in ("", "file"):
-        check_can_write(path_from_uri(target).parent, f"cannot save to {target!r}")
+    if plan.mode != "load" and target is not None and (path := local_path(target)) is not None:
+        check_can_write(path.parent, f"cannot save to {target!r}")
 
 
 def check_client_library(target: str, backend: str | None) -> None:
     """The S3 client library the run will use is installed (MissingDependencyError otherwise):
     checked before an embedded server takes seconds to start."""
-    backend_class(resolve_backend(target, backend))
+    capabilities(target, backend)
 
 
 def compare_backends(plan: BenchPlan, loop: str) -> BenchReport:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import socket
 import sys
@@ -39,7 +38,7 @@ from ..errors import (
 from ..node.distributed import Comm
 from ..results.records import Result
 from ..results.text import RULE, format_table, gbps
-from ..sinks import path_from_uri, scheme_of
+from ..sinks import capabilities, join_uri, local_path, path_from_uri
 from ..steps import COMMIT, get_record
 from .aggregate import aggregate_checkpoint, summarize
 from .dlio_layout import DLIO_GB, CheckpointPlan, PlannedObject, RankPlan, scaled, step_directory
@@ -61,12 +60,11 @@ def object_uri(base: str, step: int, obj: PlannedObject) -> str:
 
 def in_step(base: str, step: int, name: str) -> str:
     """``name`` in the step's directory (or S3 prefix) under ``base``."""
-    rel = f"{step_directory(1, step)}/{name}"
-    return base.rstrip("/") + "/" + rel if scheme_of(base) else os.path.join(base, rel)
+    return join_uri(base, f"{step_directory(1, step)}/{name}")
 
 
 def _is_local(base: str) -> bool:
-    return not scheme_of(base) or scheme_of(base) == "file"
+    return local_path(base) is not None
 
 
 def _setup(base: str | None, steps: int, mode: str) -> dict[str, Any]:
@@ -195,7 +193,7 @@ async def _commit_step(writes: Writes, base: str, step: int, results: list[dict[
 
 def keeps_records(base: str) -> bool:
     """null:// stores nothing: it has no step to commit or to read back."""
-    return scheme_of(base) != "null"
+    return capabilities(base).keeps_data
 
 
 async def _require_commit(ck: AsyncCheckpointer, base: str, step: int) -> None:

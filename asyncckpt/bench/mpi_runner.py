@@ -15,7 +15,6 @@ New phases (e.g. loading) plug in as :class:`Phase` entries in :func:`phases_for
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import socket
 import sys
@@ -31,7 +30,7 @@ from ..errors import AsyncCkptError, ConfigError, MissingDependencyError, Target
 from ..node.distributed import Comm
 from ..results.records import LoadResult, Result, SaveResult
 from ..results.schema import SCHEMA_VERSION
-from ..sinks import path_from_uri, scheme_of
+from ..sinks import capabilities, join_uri, local_path, path_from_uri
 from ..sinks.s3.endpoints import rank_endpoint
 from .aggregate import aggregate_checkpoint, summarize
 from .guard import Writes
@@ -118,9 +117,7 @@ def shard_uri(base: str, layout: str, rank: int, size: int, local_rank: int) -> 
         ) from None
     if not name or name.startswith("/") or ".." in name.split("/"):
         raise ConfigError(f"--layout {layout!r} must give a relative name under the target, got {name!r}")
-    if scheme_of(base):
-        return base.rstrip("/") + "/" + name
-    return os.path.join(base, name)
+    return join_uri(base, name)
 
 
 def _setup(plan: BenchPlan, layout: str, mkdirs: bool, size: int) -> dict[str, Any]:
@@ -132,8 +129,7 @@ def _setup(plan: BenchPlan, layout: str, mkdirs: bool, size: int) -> dict[str, A
         raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
     if base is None:
         base = created = tempfile.mkdtemp(prefix="asyncckpt-bench-")
-    elif not scheme_of(base) or scheme_of(base) == "file":
-        path = path_from_uri(base)
+    elif (path := local_path(base)) is not None:
         if path.exists() and not path.is_dir():
             raise ConfigError(
                 f"with several ranks the target is a directory of shards; {str(path)!r} is a file"
@@ -207,7 +203,8 @@ def run_distributed(
     endpoint: str | None = None
     try:
         plan = plan_from_args(args)
-        if scheme_of(plan.target or "") == "s3":  # S3_LOAD_BALANCE_STRATEGY=rank: own front end
+        # S3_LOAD_BALANCE_STRATEGY=rank: each rank its own front end
+        if plan.target is not None and capabilities(plan.target, plan.config.backend).multi_endpoint:
             endpoint = rank_endpoint(me.rank)
         if root:
             setup = _setup(plan, args.layout, args.mkdirs, comm.size)

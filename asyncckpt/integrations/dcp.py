@@ -31,7 +31,7 @@ from typing import Any, Self
 from ..checkpointer import AsyncCheckpointer
 from ..config import CheckpointConfig
 from ..errors import ConfigError, ManifestError, MissingDependencyError, TargetNotFoundError, map_os_error
-from ..sinks import resolve_backend, scheme_of
+from ..sinks import capabilities, join_uri, local_path
 from .loop_thread import CheckpointerThread
 
 try:
@@ -72,7 +72,7 @@ class ItemLocation:
 
 def join(root: str, name: str) -> str:
     """``root``/``name`` for a directory path or an ``s3://bucket/prefix``."""
-    return f"{root.rstrip('/')}/{name}" if scheme_of(root) else os.path.join(root, name)
+    return join_uri(root, name)
 
 
 def byte_view(tensor: torch.Tensor) -> memoryview:
@@ -95,7 +95,7 @@ def _checkpoint_id(path: str | os.PathLike[str]) -> str:
     if not isinstance(path, (str, os.PathLike)):
         raise ConfigError(f"checkpoint_id must be a path or an s3:// URI, got {path!r}")
     text = os.fspath(path)
-    resolve_backend(text)  # an unsupported scheme fails here, before any rank writes
+    capabilities(text)  # an unsupported scheme fails here, before any rank writes
     return text
 
 
@@ -175,7 +175,7 @@ class AsyncCkptStorageWriter(_Storage, StorageWriter):
         return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        if not scheme_of(self.path):
+        if local_path(self.path) is not None:
             try:
                 os.makedirs(self.path, exist_ok=True)
             except OSError as exc:

@@ -73,6 +73,10 @@ class Sink(ABC):
     has_directories: ClassVar[bool] = False
     #: whether objects under a URI can be listed (step directories need it)
     can_list: ClassVar[bool] = False
+    #: whether what is written can be read back (``null://`` discards it)
+    keeps_data: ClassVar[bool] = True
+    #: whether the backend spreads ranks over several endpoints (S3_ENDPOINT_URIS & co.)
+    multi_endpoint: ClassVar[bool] = False
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:

@@ -20,6 +20,7 @@ class NullSink(Sink):
     """Accepts every write and keeps nothing (``null://anything``)."""
 
     in_process_memory: ClassVar[bool] = True
+    keeps_data: ClassVar[bool] = False
 
     backend = "null"
     default_in_flight = 1

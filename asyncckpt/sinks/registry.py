@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, UnsupportedSchemeError
 from .base import Sink, SinkOptions
-from .file import FileSink
+from .file import FileSink, path_from_uri
 from .memory import MemorySink, NullSink
 from .s3 import S3_BACKENDS, auto_backend, factory, make_auto, sink_class
 
@@ -83,6 +85,22 @@ def check_backend_options(backend: str | None, options: Mapping[str, Any]) -> No
     imported but asyncckpt's module for the backend."""
     if options:
         backend_class(auto_backend() if backend in (None, "s3") else backend).check_options(options)
+
+
+def capabilities(uri: str, backend: str | None = None) -> type[Sink]:
+    """The sink class that would serve ``uri``: ask its class attributes (``has_directories``,
+    ``keeps_data``, ``multi_endpoint``, ...) instead of the URI's scheme. No I/O."""
+    return backend_class(resolve_backend(uri, backend))
+
+
+def local_path(uri: str) -> Path | None:
+    """The local file system path ``uri`` names (a plain path or ``file://``), else None."""
+    return path_from_uri(uri) if capabilities(uri).has_directories else None
+
+
+def join_uri(base: str, name: str) -> str:
+    """``name`` under ``base``: a path join for a local directory, ``/`` for an object prefix."""
+    return os.path.join(base, name) if local_path(base) is not None else f"{base.rstrip('/')}/{name}"
 
 
 def import_backend(name: str) -> None:

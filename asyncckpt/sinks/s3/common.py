@@ -123,6 +123,7 @@ class S3SinkBase(Sink):
     """One object ``s3://bucket/key``; parts are ``part_size`` slices of ``chunk_size`` buffers."""
 
     can_list: ClassVar[bool] = True
+    multi_endpoint: ClassVar[bool] = True
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
