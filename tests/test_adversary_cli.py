@@ -3,6 +3,22 @@
 Bad input and unusable targets are one line on stderr and exit 2 before any I/O; a run leaves
 no folder it made behind; small grammar and documentation faults. Read-only file systems are
 real (a tmpfs mounted ``ro``): root ignores mode bits, so a chmod'ed folder would refuse nothing.
+
+The adversary's whole list, item by item, and the test that reproduces each (each failed
+before its fix):
+
+1. one checkpointer in a second event loop: ``test_event_loops.py``
+2. unwritable ``--results-dir``, 3. unknown backend, 4. workload on a read-only file system,
+   10. empty folders left behind, 14. the small CLI and docs faults: this module
+5. SIGTERM cleans up like SIGINT: ``test_bench_signals.py``
+6. the same stall limit and the right stage for s3dlio: ``test_s3_stall.py``
+   (``test_stall_is_reported_after_stall_timeout_naming_a_sent_part``, the s3dlio launcher)
+7. setup out of the first timed checkpoint, 8. one size in ``summary.json``, 9. ``--config``
+   and ``--model`` plan the same ranks: ``test_dlio_run.py``
+11. a staged save whose loop ends first: ``test_staged_loop_end.py``
+12. manager failures raised and cleaned: ``test_steps.py`` (``test_manager_raises_*``,
+    ``test_manager_aclose_raises_*``, ``test_manager_cleans_*``)
+13. ``restore(into=)`` brings scalars back: ``test_state.py::test_in_place_restore_updates_scalars``
 """
 
 from __future__ import annotations
