@@ -26,6 +26,7 @@ from .errors import (
     TargetNotFoundError,
     TruncatedError,
     UnsupportedSchemeError,
+    UnverifiableError,
     WriterProcessError,
 )
 from .manager import CheckpointManager, ManagerStats
@@ -71,6 +72,7 @@ __all__ = [
     "TargetNotFoundError",
     "TruncatedError",
     "UnsupportedSchemeError",
+    "UnverifiableError",
     "WriterProcessError",
     "__version__",
     "parse_size",

@@ -197,13 +197,19 @@ class SaveResult(RunResult):
     write_s: float  # wall time with at least one write in flight
     write_latency_s: Percentiles
     checksum_s: float = 0.0  # sum of pure CRC32C times (producer, before release)
+    # "crc32c": a CRC32C per chunk, sealed into the manifest; "none": no checksum was computed
+    # (CheckpointConfig.integrity), so the object can be verified only by regeneration
+    integrity: str = "crc32c"
     records: tuple[ChunkRecord, ...] = ()
 
     @classmethod
-    def from_records(cls, records: Sequence[ChunkRecord], *, gen_s: float, **run: Any) -> SaveResult:
+    def from_records(
+        cls, records: Sequence[ChunkRecord], *, gen_s: float, integrity: str = "crc32c", **run: Any
+    ) -> SaveResult:
         """``run``: the shared fields from :func:`asyncckpt.engine.runinfo.run_fields`."""
         return cls(
             gen_s=gen_s,
+            integrity=integrity,
             write_s=busy_time([(r.t_write_start, r.t_write_end) for r in records]),
             write_latency_s=percentiles([r.write_s for r in records]),
             checksum_s=sum(r.checksum_s for r in records),

@@ -73,7 +73,7 @@ def format_save(r: SaveResult) -> str:
         RULE,
         f"Throughput:        {gbps(r.throughput_bps)}  ({gib(r.size_bytes)} in {r.wall_s:.3f} s, end to end)",
         f"Generation:        {r.gen_s:.3f} s @ {gbps(d['gen_bps'])}  (pure fill time)",
-        f"Checksum:          {r.checksum_s:.3f} s @ {gbps(d['checksum_bps'])}  (CRC32C, beside each write)",
+        _checksum_line(r, d),
         f"I/O:               {r.io_s:.3f} s @ {gbps(d['io_bps'])}",
         f"  - write:         {r.write_s:.3f} s",
         f"  - close:         {r.close_s:.3f} s ({close or 'no detail'})",
@@ -98,6 +98,12 @@ def format_save(r: SaveResult) -> str:
         RULE,
     ]
     return "\n".join(lines + format_endpoints(m.extra))
+
+
+def _checksum_line(r: SaveResult, d: Mapping[str, Any]) -> str:
+    if r.integrity == "none":
+        return "Checksum:          no checksums (integrity none: a load can verify only by regeneration)"
+    return f"Checksum:          {r.checksum_s:.3f} s @ {gbps(d['checksum_bps'])}  (CRC32C, beside each write)"
 
 
 def format_load(r: LoadResult) -> str:
@@ -127,7 +133,8 @@ def format_load(r: LoadResult) -> str:
         f"Memory:            peak RSS {mib(r.peak_rss_bytes)} "
         f"(+{mib(r.peak_rss_bytes - r.baseline_rss_bytes)} during the run); pool {mib(m.pool_bytes)}",
         f"Cache defeat:      {'O_DIRECT' if m.direct_io else 'no O_DIRECT'} — {m.direct_io_reason}",
-        f"Manifest:          {m.generator} (seed {m.seed}), chunk {mib(x.get('manifest_chunk_size', 0))}",
+        f"Manifest:          {m.generator} (seed {m.seed}), chunk {mib(x.get('manifest_chunk_size', 0))}"
+        + ("; no checksums (saved with integrity none)" if x.get("manifest_integrity") == "none" else ""),
         RULE,
     ]
     if "identity_note" in x:
@@ -220,7 +227,19 @@ def format_comparison(results: Sequence[Result]) -> str:
         "+RSS",
         "lag p99",
     )
-    return format_table(headers, rows)
+    return format_table(headers, rows) + integrity_note(results)
+
+
+def integrity_note(results: Sequence[Result]) -> str:
+    """A line under a table whose saves computed no checksums: their figures are not those of
+    a checksummed save, and their objects can be verified only by regeneration."""
+    unchecked = [r for r in results if isinstance(r, SaveResult) and r.integrity == "none"]
+    if not unchecked:
+        return ""
+    return (
+        f"\nnote: {len(unchecked)} save(s) made no checksums (integrity none): pure storage "
+        "figures; their objects can be verified only by regeneration"
+    )
 
 
 def format_backend_comparison(results: Sequence[Result]) -> str:
@@ -245,7 +264,7 @@ def format_backend_comparison(results: Sequence[Result]) -> str:
             )
         )
     headers = ("backend", "op", "method", "size", "wall", "throughput", "io", "parts", "part p50", "part p99")
-    return format_table((*headers, "retries", "bottleneck"), rows)
+    return format_table((*headers, "retries", "bottleneck"), rows) + integrity_note(results)
 
 
 def format_summary(summary: Mapping[str, Mapping[str, float]]) -> str:

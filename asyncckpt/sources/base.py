@@ -52,12 +52,14 @@ class Source(ABC):
 @dataclass(frozen=True)
 class GenSpec:
     """A picklable recipe for a fresh synthetic source: the same bytes wherever it runs, as
-    long as it is filled with the same chunk sizes in the same order."""
+    long as it is filled with the same chunk sizes in the same order. ``checksums``: whether
+    the handle that generates the chunks also takes each one's CRC32C (``integrity``)."""
 
     generator: str
     total_size: int
     seed: int
     threads: int
+    checksums: bool = True
 
     def make(self) -> ThreadedSource:
         """A fresh source at position 0 (in the calling process: starts its thread pool)."""
