@@ -2,7 +2,7 @@
 in its result and its sealed manifest, and a later load that refuses to pretend it verified.
 
 Real files throughout; the S3 side (s3dlio generating in place in its writer process) is in
-tests/test_s3dlio_in_place.py.
+tests/test_s3dlio_in_place.py, and the CLI flag runs the real bench in a child interpreter.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from asyncckpt.engine.seal import locate, unseal
 from asyncckpt.errors import ChecksumMismatchError, IntegrityError, ManifestError, UnverifiableError
 from asyncckpt.units import MiB
 
-from .conftest import generated
+from .conftest import generated, run_bench
 
 CHUNK = 1 * MiB
 SIZE = 3 * CHUNK + 4099  # a short last chunk: the footer follows it
@@ -180,3 +180,55 @@ def test_manifest_rules_for_the_integrity_field() -> None:
     for name, doc in bad.items():
         with pytest.raises(ManifestError):
             Manifest.from_json(json.dumps(doc).encode(), name)
+
+
+def test_cli_integrity_none_saves_and_loads_without_checksums(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    target = tmp_path / "ck.bin"
+    args = [str(target), "--size", "3MiB", "--chunk-size", "1MiB", "--num-buffers", "2", "-q"]
+    proc = run_bench(*args, "--integrity", "none", "--json", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "no checksums" in proc.stdout
+    results = json.loads(out.read_text())["results"]
+    save, load = (next(r for r in results if r["operation"] == op) for op in ("save", "load"))
+    assert save["integrity"] == "none" and all(r["checksum"] is None for r in save.get("records", []))
+    assert load["metadata"]["extra"]["verify"] == "none"  # the load's default follows the save
+
+
+def test_cli_integrity_refusals_are_one_line_rc_2(tmp_path: Path) -> None:
+    target = str(tmp_path / "ck.bin")
+    for extra, said in (
+        (["--integrity", "md5"], "invalid choice: 'md5'"),
+        (["--integrity", "none", "--verify", "checksum"], "--integrity none computes no checksums"),
+    ):
+        proc = run_bench(target, "--size", "1MiB", *extra, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        assert said in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "ck.bin").exists()
+
+
+def test_cli_keeps_checksums_by_default_under_the_mlperf_budget() -> None:
+    from asyncckpt.bench.cli import build_parser, plan_from_args
+    from asyncckpt.bench.scaleout import parse_with_presets
+
+    for argv, integrity, verify in (
+        (["x.bin"], "crc32c", "checksum"),
+        (["x.bin", "--thread-budget", "mlperf", "--model", "llama3-8b"], "crc32c", "checksum"),
+        (["x.bin", "--integrity", "none"], "none", False),
+        (["x.bin", "--integrity", "none", "--verify", "regenerate"], "none", "regenerate"),
+    ):
+        args, _ = parse_with_presets(build_parser(), argv)
+        plan = plan_from_args(args)
+        assert (plan.config.integrity, plan.verify) == (integrity, verify), argv
+
+
+async def test_a_load_of_a_none_object_under_the_cli_verify_default_is_refused(tmp_path: Path) -> None:
+    """``--mode load`` of an object saved with integrity none, checksum verification asked."""
+    path = tmp_path / "none.bin"
+    async with checkpointer(integrity="none") as ckpt:
+        await ckpt.save(path, CHUNK)
+    proc = await asyncio.to_thread(
+        run_bench, str(path), "--mode", "load", "--chunk-size", "1MiB", "-q", cwd=tmp_path
+    )
+    assert proc.returncode == 1 and "cannot be verified" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and path.exists()
