@@ -27,6 +27,7 @@ from .errors import (
     TargetNotFoundError,
     TruncatedError,
     UnsupportedSchemeError,
+    UnverifiableError,
     WriterProcessError,
 )
 from .manager import CheckpointManager, ManagerStats
@@ -73,6 +74,7 @@ __all__ = [
     "TargetNotFoundError",
     "TruncatedError",
     "UnsupportedSchemeError",
+    "UnverifiableError",
     "WriterProcessError",
     "__version__",
     "parse_size",

@@ -91,6 +91,10 @@ class CheckpointConfig:
     writer_timeout: float = 300.0  # longest a writer process may take to answer one request
     # no storage call finishing for this long fails the save/load with StallError (watchdog.py)
     stall_timeout: float = 20.0
+    # "crc32c": every chunk's CRC32C is computed beside its write and sealed into the manifest
+    # (what load(verify=True) checks); "none": no checksum anywhere on the save path, for pure
+    # storage benchmarks: the manifest says so and a checksum-verifying load refuses the object
+    integrity: modes.Integrity = "crc32c"
 
     @classmethod
     def from_options(cls, **options: Any) -> CheckpointConfig:
@@ -148,8 +152,14 @@ class CheckpointConfig:
         requested_start_method(self.mp_start_method)  # a bad env value fails here, not mid-run
         _seconds("writer_timeout", self.writer_timeout, MAX_TIMEOUT_S)
         _seconds("stall_timeout", self.stall_timeout, MAX_TIMEOUT_S)
+        modes.parse("integrity", self.integrity, modes.Integrity, fold=False)
         if self.backend is not None:  # e.g. fork for an object store: refused before any I/O
             resolve_policy(self.backend, isolation=self.isolation, mp_start_method=self.mp_start_method)
+
+    @property
+    def checksums(self) -> bool:
+        """Whether saves compute a CRC32C per chunk (``integrity="crc32c"``)."""
+        return self.integrity == "crc32c"
 
     @property
     def pool_bytes(self) -> int:

@@ -89,6 +89,11 @@ class ManifestMissingError(IntegrityError):
     """The object has no manifest: its save never finished (or it was not written by us)."""
 
 
+class UnverifiableError(IntegrityError):
+    """Checksum verification was asked of an object saved without checksums (``integrity="none"``):
+    nothing is known to be wrong with it, but nothing can be proven either."""
+
+
 class ManifestError(IntegrityError):
     """The manifest is unreadable or does not describe this object (size, name)."""
 

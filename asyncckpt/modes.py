@@ -32,6 +32,10 @@ ChecksumMode = Literal["when_required", "when_supported"]
 StagingMode = Literal["none", "host"]
 #: what CheckpointManager.maybe_save does while an earlier save is still being written
 WhenBusy = Literal["wait", "skip"]
+#: what a save computes so a load can check it (``CheckpointConfig.integrity``, bench
+#: ``--integrity``): a CRC32C per chunk sealed into the manifest, or nothing (pure storage
+#: benchmarks: the object then cannot be verified by checksum, only by regeneration)
+Integrity = Literal["crc32c", "none"]
 #: what a load checks (``load(verify=...)``; True is "checksum", False is "none")
 VerifyMode = Literal["checksum", "regenerate", "none"]
 #: how a save gets its buffers: the reused pool, or one buffer of the whole checkpoint

@@ -14,7 +14,8 @@ import threading
 
 import pytest
 
-from asyncckpt import AsyncCheckpointer
+from asyncckpt import AsyncCheckpointer, UnverifiableError
+from asyncckpt.engine.seal import unseal
 from asyncckpt.node.topology import thread_budget
 from asyncckpt.servers.s3endpoint import S3Endpoint
 
@@ -70,6 +71,29 @@ async def test_s3dlio_synthetic_save_generates_in_place_without_a_copy(s3_env: S
         for verify in ("checksum", "regenerate"):
             loaded = await ckpt.load(uri, verify=verify)
             assert loaded.size_bytes == SIZE and loaded.metadata.seed == SEED
+
+
+@child_only
+async def test_s3dlio_in_place_save_without_integrity_computes_no_checksum(s3_env: S3Endpoint) -> None:
+    """integrity="none" reaches the writer process's generating handle: no chunk gets a CRC32C
+    there (the records say so), the sealed manifest says so, and a verifying load refuses."""
+    bucket = await asyncio.to_thread(new_bucket, s3_env)
+    uri = f"s3://{bucket}/unchecked.bin"
+    async with checkpointer(s3_env, integrity="none") as ckpt:
+        result = await ckpt.save(uri, SIZE)
+        assert result.metadata.extra["generated_in_library_bytes"] == SIZE  # the in-place path
+        assert result.integrity == "none" and result.checksum_s == 0
+        assert all(r.checksum is None and r.checksum_s == 0 for r in result.records)
+        _, manifest = await asyncio.to_thread(unseal, await stored(s3_env, bucket, "unchecked.bin"))
+        assert manifest.integrity == "none" and manifest.chunk_crc32c == ()
+        with pytest.raises(UnverifiableError, match="integrity='none'"):
+            await ckpt.load(uri)
+        for verify in (False, "regenerate"):
+            loaded = await ckpt.load(uri, verify=verify)
+            assert loaded.size_bytes == SIZE
+    async with checkpointer(s3_env) as ckpt:  # the default, through the same kind of writer
+        result = await ckpt.save(f"s3://{bucket}/checked.bin", SIZE)
+        assert all(r.checksum is not None for r in result.records)
 
 
 @child_only
@@ -134,4 +158,4 @@ async def test_s3dlio_in_place_save_cancelled_midway_leaves_no_thread_upload_or_
 def test_s3dlio_in_place_generation_in_a_child_suite(s3_endpoint: S3Endpoint) -> None:
     proc = run_child_suite(__file__, s3_endpoint, "s3dlio and not child_suite")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "5 passed" in proc.stdout, proc.stdout[-2000:]
+    assert "6 passed" in proc.stdout, proc.stdout[-2000:]

@@ -84,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the generation and checksum threads in the kernel's SCHED_IDLE class (auto: "
         "off; opt-in, see docs/architecture.md)",
     )
+    p.add_argument(
+        "--integrity",
+        choices=choices(modes.Integrity),
+        default="crc32c",
+        help="what saves compute for verification: crc32c = a CRC32C per chunk (the default, also "
+        "under the MLPerf rule and --model presets); none = no checksum, for pure storage "
+        "benchmarks (loads then default to --verify none; checksum verification is refused)",
+    )
     p.add_argument("--seed", type=int, default=None, help="generator seed")
     p.add_argument("--method", choices=choices(modes.BenchMethod), default="streaming")
     p.add_argument("--direct-io", choices=choices(modes.Switch), default="auto")

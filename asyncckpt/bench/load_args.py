@@ -29,7 +29,12 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--mode", choices=choices(BenchMode), default="both", help="phases to run (both)")
     g.add_argument("--num-checkpoints-read", type=int, default=1, help="checkpoints to read back (1)")
-    g.add_argument("--verify", choices=choices(VerifyMode), default="checksum", help="check loads (checksum)")
+    g.add_argument(
+        "--verify",
+        choices=choices(VerifyMode),
+        default=None,
+        help="check loads (default: checksum; none after --integrity none, whose saves have no checksums)",
+    )
     g.add_argument("--num-readers", type=int, default=None, help="reads in flight (backend default)")
     g.add_argument("--read-chunk-size", type=_size, default=None, help="bytes per read (--chunk-size)")
     g.add_argument(
@@ -59,12 +64,25 @@ def load_plan_from_args(args: argparse.Namespace, config: CheckpointConfig) -> d
     return {
         "mode": args.mode,
         "reads": args.num_checkpoints_read,
-        "verify": VERIFY_CHOICES[args.verify],
+        "verify": VERIFY_CHOICES[verify_choice(args.verify, args.mode, config)],
         "num_readers": args.num_readers,
         "read_chunk_size": args.read_chunk_size,
         "drop_caches": args.drop_caches,
         "defeat_cache": not args.allow_cache,
     }
+
+
+def verify_choice(verify: str | None, mode: str, config: CheckpointConfig) -> str:
+    """``--verify`` as given, else its default: ``checksum``, or ``none`` when this run's saves
+    compute no checksums. Asking checksums of those saves is bad input, said before any I/O."""
+    if verify is None:
+        return "checksum" if config.checksums else "none"
+    if verify == "checksum" and not config.checksums and mode == "both":
+        raise ConfigError(
+            "--verify checksum cannot check this run's saves: --integrity none computes no checksums; "
+            "use --verify regenerate (rebuilds the synthetic data) or --verify none"
+        )
+    return verify
 
 
 def drop_caches() -> None:

@@ -53,6 +53,7 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         "fsync": not args.no_fsync,
         "max_in_flight": args.max_in_flight,
         "backend": args.backend,
+        "integrity": args.integrity,
     }
     s3_options = {
         "part_size": args.part_size,

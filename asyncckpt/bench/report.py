@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..results.records import LoadResult, Result
+from ..results.records import LoadResult, Result, SaveResult
 from ..results.text import RULE, format_table, gbps, gib, mib, ms
 
 
@@ -44,7 +44,7 @@ def format_comparison(results: Sequence[Result]) -> str:
         "+RSS",
         "lag p99",
     )
-    return format_table(headers, rows)
+    return format_table(headers, rows) + integrity_note(results)
 
 
 def format_backend_comparison(results: Sequence[Result]) -> str:
@@ -69,7 +69,7 @@ def format_backend_comparison(results: Sequence[Result]) -> str:
             )
         )
     headers = ("backend", "op", "method", "size", "wall", "throughput", "io", "parts", "part p50", "part p99")
-    return format_table((*headers, "retries", "bottleneck"), rows)
+    return format_table((*headers, "retries", "bottleneck"), rows) + integrity_note(results)
 
 
 def format_summary(summary: Mapping[str, Mapping[str, float]]) -> str:
@@ -180,3 +180,15 @@ def format_distributed(report: Mapping[str, Any]) -> str:
         table = format_table(headers, rows)
         blocks.append(f"{title}\n{table}\n{mean}\nchunk bottlenecks (all ranks): {counts}")
     return "\n\n".join(blocks)
+
+
+def integrity_note(results: Sequence[Result]) -> str:
+    """A line under a table whose saves computed no checksums: their figures are not those of
+    a checksummed save, and their objects can be verified only by regeneration."""
+    unchecked = [r for r in results if isinstance(r, SaveResult) and r.integrity == "none"]
+    if not unchecked:
+        return ""
+    return (
+        f"\nnote: {len(unchecked)} save(s) made no checksums (integrity none): pure storage "
+        "figures; their objects can be verified only by regeneration"
+    )

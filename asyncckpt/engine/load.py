@@ -286,7 +286,7 @@ async def _iterate(
                 state.manifest, state.size = manifest, manifest.size
                 if into_size is not None and into_size < state.size:
                     raise ConfigError(f"into= holds {into_size} bytes; {uri!r} has {state.size}")
-                verifier = make_verifier(state.verify_mode, manifest, threads=rt.budget.threads)
+                verifier = make_verifier(state.verify_mode, manifest, threads=rt.budget.threads, where=uri)
                 state.open_s = now() - t0
                 views = stream_views(
                     uri=uri,
@@ -332,6 +332,7 @@ def _load_result(
         num_readers=readers,
         manifest_chunk_size=m.chunk_size,
         manifest_generator=m.generator,
+        manifest_integrity=m.integrity,
         regenerate_s=state.regen_s,
     )
     if state.identity_note:

@@ -2,10 +2,11 @@
 
 A manifest is read from storage, so it is untrusted input: a wrong type must not surface as a
 ``TypeError`` deep in a verifier (hiding the corruption it was about to report), and a huge
-``chunk_size`` must not make a load map a terabyte. Every rule here turns a defect into a
-:class:`ValueError` naming the field and the bad value; ``Manifest.from_json`` makes that a
-``ManifestError``. Consistency with the object's real size is checked by the loader
-(``check_size``) before any data buffer is made.
+``chunk_size`` must not make a load map a terabyte. Version 1 always lists checksums; version
+2 adds ``integrity``, and a manifest whose integrity is ``"none"`` lists none (and must not).
+Every rule here turns a defect into a :class:`ValueError` naming the field and the bad
+value; ``Manifest.from_json`` makes that a ``ManifestError``. Consistency with the object's
+real size is checked by the loader (``check_size``) before any data buffer is made.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 from collections.abc import Collection
 from typing import Any
 
+from .. import modes
 from ..checksum import ALGORITHM
 from ..config import ALIGN, MAX_CHUNK_SIZE, MAX_SEED
 
@@ -65,8 +67,25 @@ def _checksum(value: object, chunks: int) -> tuple[tuple[int, ...], int]:
     return crcs, _crc("checksum.object", value["object"])
 
 
+def _version(value: object, newest: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= newest:
+        raise ValueError(f"format version {_shown(value)}, this reader knows 1..{newest}")
+    return value
+
+
+def _integrity(data: dict[Any, Any], version: int) -> str:
+    """The save's integrity mode: version 1 always had checksums; version 2 names it."""
+    if version < 2:
+        return "crc32c"
+    value = data.get("integrity")
+    allowed = modes.choices(modes.Integrity)
+    if value not in allowed:
+        raise ValueError(f"integrity must be one of {', '.join(allowed)}, got {_shown(value)}")
+    return str(value)
+
+
 def manifest_fields(
-    data: object, fields: Collection[str], *, format_name: str, version: int
+    data: object, fields: Collection[str], *, format_name: str, newest: int
 ) -> dict[str, Any]:
     """``Manifest`` keyword arguments from a parsed JSON document, or ValueError naming the defect.
 
@@ -77,16 +96,21 @@ def manifest_fields(
         raise ValueError(f"not a JSON object but {type(data).__name__}")
     if data.get("format") != format_name:
         raise ValueError(f"not an {format_name} document (format {_shown(data.get('format'))})")
-    if data.get("version") != version or isinstance(data.get("version"), bool):
-        raise ValueError(f"format version {_shown(data.get('version'))}, this reader knows {version}")
+    version = _version(data.get("version"), newest)
     allowed = {*fields, "format", "checksum"} - {"chunk_crc32c", "object_crc32c"}
+    if version < 2:
+        allowed.discard("integrity")
     unknown = sorted(str(k) for k in data if k not in allowed)
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(unknown)[:200]}")
-    missing = [k for k in (*REQUIRED, "checksum") if k not in data]
+    integrity = _integrity(data, version)
+    sums = ("checksum",) if integrity == "crc32c" else ()
+    missing = [k for k in (*REQUIRED, *sums) if k not in data]
     if missing:
         raise ValueError(f"missing field(s) {', '.join(missing)}")
-    out: dict[str, Any] = {"version": version}
+    if not sums and "checksum" in data:
+        raise ValueError("integrity 'none' says no checksums were computed, yet checksums are listed")
+    out: dict[str, Any] = {"version": version, "integrity": integrity}
     out["object"] = _text("object", data["object"])
     size = out["size"] = _int("size", data["size"], 1, MAX_OBJECT_SIZE)
     chunk = out["chunk_size"] = _int("chunk_size", data["chunk_size"], ALIGN, MAX_CHUNK_SIZE)
@@ -100,7 +124,10 @@ def manifest_fields(
     if seed is not None or generator in SYNTHETIC:
         seed = _int("seed", seed, 0, MAX_SEED)
     out["seed"] = seed
-    out["chunk_crc32c"], out["object_crc32c"] = _checksum(data["checksum"], -(-size // chunk))
+    if sums:
+        out["chunk_crc32c"], out["object_crc32c"] = _checksum(data["checksum"], -(-size // chunk))
+    else:
+        out["chunk_crc32c"], out["object_crc32c"] = (), None
     backend = data.get("backend", {})
     if not isinstance(backend, dict):
         raise ValueError(f"backend must be an object, got {_shown(backend)}")

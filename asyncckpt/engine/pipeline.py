@@ -99,6 +99,7 @@ async def stream(
     sealer: Sealer | None = None,
     cpu_lane: asyncio.Lock | None = None,
     cpu_executor: Executor | None = None,
+    checksums: bool = True,
 ) -> PipelineTimes:
     """Move ``total`` bytes from ``source`` to ``sink``; return per-chunk records.
 
@@ -106,6 +107,8 @@ async def stream(
     footer that carries the manifest (see :mod:`asyncckpt.engine.seal`). With a ``cpu_lane`` fills
     and checksums hold it in turn (writes never do: they wait on the device, not a CPU). Fills
     and checksums run on ``cpu_executor`` when given (lower-priority threads: priority.py).
+    ``checksums=False`` (``integrity="none"``): the checksum stage does not run at all, and
+    each record's ``checksum`` stays None.
     """
     lane = cpu_lane if cpu_lane is not None else contextlib.nullcontext()
     cpu = cpu_executor if cpu_executor is not None else executor
@@ -127,7 +130,8 @@ async def stream(
     async def write_sealed(buf: PoolBuffer, rec: ChunkRecord) -> float | None:
         """The last chunk: its checksum, then (all others written) data + footer in one go."""
         assert sealer is not None
-        rec.checksum, rec.checksum_s, rec.checksum_cpu_s = await checksum(buf.view[: rec.nbytes])
+        if checksums:
+            rec.checksum, rec.checksum_s, rec.checksum_cpu_s = await checksum(buf.view[: rec.nbytes])
         await others_done.wait()
         footer = sealer.footer(out.records)
         rec.t_write_start = now()
@@ -141,6 +145,23 @@ async def stream(
             second = await _write_copy(sink, rec.offset + rec.nbytes, footer)
             return None if first is None or second is None else first + second
         return await _write_copy(sink, rec.offset, sealer.seal.tail(buf.view[: rec.nbytes], footer))
+
+    async def write_other(view: memoryview, rec: ChunkRecord) -> float | None:
+        """Any chunk but the sealed last one: written, its checksum (if any) taken beside it."""
+        if not checksums:
+            inner = await failures.watch(sink.write_part(rec.offset, view))
+            rec.t_write_end = now()
+            return inner
+        # the checksum reads the buffer while it is being written: off the producer's serial
+        # path (fill then checksum would halve what generation can feed), timed on its own,
+        # and the buffer is released only when both are done
+        async with asyncio.TaskGroup() as both:
+            summing = both.create_task(checksum(view))
+            # recorded now, not when this group has waited for `summing`
+            inner = await failures.watch(sink.write_part(rec.offset, view))
+            rec.t_write_end = now()
+        rec.checksum, rec.checksum_s, rec.checksum_cpu_s = summing.result()
+        return inner
 
     async def produce() -> None:
         offset = index = 0
@@ -176,15 +197,7 @@ async def stream(
                 inner = await failures.watch(write_sealed(buf, rec))
                 rec.t_write_end = now()
             else:
-                # the checksum reads the buffer while it is being written: off the producer's
-                # serial path (fill then checksum would halve what generation can feed), timed
-                # on its own, and the buffer is released only when both are done
-                async with asyncio.TaskGroup() as both:
-                    summing = both.create_task(checksum(view))
-                    # recorded now, not when this group has waited for `summing`
-                    inner = await failures.watch(sink.write_part(rec.offset, view))
-                    rec.t_write_end = now()
-                rec.checksum, rec.checksum_s, rec.checksum_cpu_s = summing.result()
+                inner = await write_other(view, rec)
                 before_last += rec.nbytes
                 if before_last == last_offset:
                     others_done.set()
@@ -278,12 +291,13 @@ async def write_preallocated(
     max_in_flight: int,
     progress: ProgressFn | None = None,
     sealer: Sealer | None = None,
+    checksums: bool = True,
 ) -> tuple[PipelineTimes, float]:
     """The method streaming replaces: generate the whole checkpoint in RAM, then write it.
 
     Returns the write records and the generation time. Memory grows with the checkpoint.
-    Checksums are known before any write here, so a ``sealer``'s footer is placed in RAM
-    behind the data and goes out with the last chunk.
+    Checksums (unless ``checksums=False``) are known before any write here, so a ``sealer``'s
+    footer is placed in RAM behind the data and goes out with the last chunk.
     """
     end = sealer.seal.object_size if sealer is not None else total
     arena = private_mapping(end)
@@ -294,9 +308,10 @@ async def write_preallocated(
         records: list[ChunkRecord] = []
         for index, offset in enumerate(range(0, total, chunk_size)):
             rec = ChunkRecord(index, offset, min(chunk_size, total - offset))
-            rec.checksum, rec.checksum_s, rec.checksum_cpu_s = await run_blocking(
-                executor, timed_crc, view[offset : offset + rec.nbytes]
-            )
+            if checksums:
+                rec.checksum, rec.checksum_s, rec.checksum_cpu_s = await run_blocking(
+                    executor, timed_crc, view[offset : offset + rec.nbytes]
+                )
             records.append(rec)
         if sealer is not None:
             footer = sealer.footer(records)

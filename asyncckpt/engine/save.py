@@ -9,6 +9,7 @@ with its manifest, and publishes only after every byte is durable.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -58,9 +59,14 @@ async def save_object(
             raise ConfigError("size is required unless data is a bytes-like object")
         size = memoryview(data).nbytes  # type: ignore[arg-type]
     size = validate_size(size)
+    cfg = rt.config
+    if expect_crc32c is not None and not cfg.checksums:
+        raise ConfigError(
+            "expect_crc32c checks the bytes written against the pipeline's CRC32Cs, and "
+            "integrity='none' computes none: use a checkpointer with integrity='crc32c'"
+        )
     sink = await storage.handle(os.fspath(uri))
     sink.check()
-    cfg = rt.config
     try:
         async with rt.lock:  # one save at a time per pool
             source = make_source(cfg.generator, size, seed=cfg.seed, threads=rt.budget.threads, data=data)
@@ -115,7 +121,7 @@ async def _save(
     # data that carries its own checksums (a save_state object: a safetensors header) is
     # published as it is; everything else gets its manifest sealed into a footer
     sealer = (
-        sealer_for(sink.uri, size, cfg.chunk_size, source.describe(), sink.backend)
+        sealer_for(sink.uri, size, cfg.chunk_size, source.describe(), sink.backend, cfg.integrity)
         if expect_crc32c is None
         else None
     )
@@ -131,6 +137,8 @@ async def _save(
             spec = source.gen_spec() if pool is not None and expect_crc32c is None else None
             if spec is not None and isolated:
                 spec = rt.writer_spec(spec)
+            if spec is not None:
+                spec = dataclasses.replace(spec, checksums=cfg.checksums)
             if spec is not None and await sink.begin_generation(spec):
                 times = await stream_in_place(
                     sink,
@@ -156,6 +164,7 @@ async def _save(
                     # CPU work stays within the generator's threads and the loop keeps a core
                     cpu_lane=asyncio.Lock() if rt.cpu_lane_used else None,
                     cpu_executor=rt.cpu_executor(),
+                    checksums=cfg.checksums,
                 )
                 gen_s = sum(r.fill_s for r in times.records)
                 rt.warn_if_starved(lane_before)
@@ -182,6 +191,7 @@ async def _save(
                     max_in_flight=in_flight,
                     progress=progress,
                     sealer=sealer,
+                    checksums=cfg.checksums,
                 )
             if expect_crc32c is not None:  # the bytes written are the bytes the caller summed
                 check_pipeline(times.records, expect_crc32c, sink.uri)
@@ -264,9 +274,10 @@ def _result(
         close_s=close_s,
         wall_s=wall_s,
         close_detail=close_detail,
-        cpu_stages={"generation": source.cpu_s, "checksum": sum(r.checksum_cpu_s for r in recs)},
+        cpu_stages={"generation": source.cpu_s}
+        | ({"checksum": sum(r.checksum_cpu_s for r in recs)} if cfg.checksums else {}),
     )
-    return SaveResult.from_records(recs, gen_s=gen_s, **run)
+    return SaveResult.from_records(recs, gen_s=gen_s, integrity=cfg.integrity, **run)
 
 
 def known_chunks(size: int, chunk: int, crcs: Sequence[int]) -> list[ChunkRecord]:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import modes
 from ..errors import ManifestError
 from ..results.metrics import ChunkRecord
 from ..sinks.base import Sink
@@ -105,21 +106,38 @@ def check_geometry(manifest: Manifest, offset: int, where: str) -> None:
         )
 
 
-def template_for(uri: str, size: int, chunk_size: int, source: dict[str, Any], backend: str) -> Manifest:
-    """The manifest a save will seal, with placeholder checksums: sized before any byte is written."""
+def template_for(
+    uri: str,
+    size: int,
+    chunk_size: int,
+    source: dict[str, Any],
+    backend: str,
+    integrity: modes.Integrity = "crc32c",
+) -> Manifest:
+    """The manifest a save will seal, with placeholder checksums (none without integrity):
+    sized before any byte is written."""
+    summed = integrity == "crc32c"
     return manifest_for(
         uri,
         size=size,
         chunk_size=chunk_size,
         source=source,
         backend={"backend": backend},
-        chunk_crc32c=(0,) * -(-size // chunk_size),
-        object_crc32c=0,
+        chunk_crc32c=(0,) * -(-size // chunk_size) if summed else (),
+        object_crc32c=0 if summed else None,
         created=PLACEHOLDER_TIME,
+        integrity=integrity,
     )
 
 
-def sealer_for(uri: str, size: int, chunk_size: int, source: dict[str, Any], backend: str) -> Sealer:
+def sealer_for(
+    uri: str,
+    size: int,
+    chunk_size: int,
+    source: dict[str, Any],
+    backend: str,
+    integrity: modes.Integrity = "crc32c",
+) -> Sealer:
     """The footer geometry and manifest builder of one save."""
 
     def build(records: Sequence[ChunkRecord]) -> Manifest:
@@ -130,9 +148,11 @@ def sealer_for(uri: str, size: int, chunk_size: int, source: dict[str, Any], bac
             records=records,
             source=source,
             backend={"backend": backend},
+            integrity=integrity,
         )
 
-    return Sealer(Seal.for_manifest(template_for(uri, size, chunk_size, source, backend)), build)
+    template = template_for(uri, size, chunk_size, source, backend, integrity)
+    return Sealer(Seal.for_manifest(template), build)
 
 
 def tail_read_size(object_size: int, want: int = TAIL_READ) -> int:

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..checksum import combine_all, crc
-from ..errors import ConfigError, ManifestError
+from ..errors import ConfigError, ManifestError, UnverifiableError
 from ..pool import buffer_address, close_mapping
 from ..sources import make_source
 from ..sources.base import ThreadedSource
@@ -173,8 +173,27 @@ class RegenerateVerifier(Verifier):
         close_mapping(self._scratch)
 
 
-def make_verifier(mode: str, manifest: Manifest, *, threads: int) -> Verifier | None:
+def unverifiable(manifest: Manifest, where: str) -> UnverifiableError:
+    """Why a checksum verification of an object saved without checksums is refused, and what
+    does work instead (regeneration only when the manifest says how the bytes were made)."""
+    ways = "load it with verify=False"
+    if manifest.generator in SYNTHETIC and manifest.seed is not None:
+        ways += (
+            f", or verify='regenerate' (its {manifest.generator} data, seed {manifest.seed}, is rebuilt "
+            "and compared byte for byte)"
+        )
+    return UnverifiableError(
+        f"checkpoint {where!r} was saved with integrity='none': it carries no checksums, so it "
+        f"cannot be verified by checksum (nothing is known to be wrong with it); {ways}"
+    )
+
+
+def make_verifier(mode: str, manifest: Manifest, *, threads: int, where: str = "object") -> Verifier | None:
+    """The verifier of ``mode``; UnverifiableError when ``mode`` needs checksums the save did
+    not compute (before any data is read: a load must not pass without having checked)."""
     if mode == "checksum":
+        if not manifest.checksummed:
+            raise unverifiable(manifest, where)
         return ChecksumVerifier(manifest)
     if mode == "regenerate":
         return RegenerateVerifier(manifest, threads=threads)

@@ -199,13 +199,19 @@ class SaveResult(RunResult):
     write_s: float  # wall time with at least one write in flight
     write_latency_s: Percentiles
     checksum_s: float = 0.0  # sum of pure CRC32C times (producer, before release)
+    # "crc32c": a CRC32C per chunk, sealed into the manifest; "none": no checksum was computed
+    # (CheckpointConfig.integrity), so the object can be verified only by regeneration
+    integrity: str = "crc32c"
     records: tuple[ChunkRecord, ...] = ()
 
     @classmethod
-    def from_records(cls, records: Sequence[ChunkRecord], *, gen_s: float, **run: Any) -> SaveResult:
+    def from_records(
+        cls, records: Sequence[ChunkRecord], *, gen_s: float, integrity: str = "crc32c", **run: Any
+    ) -> SaveResult:
         """``run``: the shared fields from :func:`asyncckpt.engine.runinfo.run_fields`."""
         return cls(
             gen_s=gen_s,
+            integrity=integrity,
             write_s=busy_time([(r.t_write_start, r.t_write_end) for r in records]),
             write_latency_s=percentiles([r.write_s for r in records]),
             checksum_s=sum(r.checksum_s for r in records),
@@ -356,6 +362,12 @@ def _cpu_priority(m: RunMetadata) -> str:
     return f"; CPU work at nice {m.cpu_nice}{', SCHED_IDLE' if m.cpu_idle else ''}{beside}"
 
 
+def _checksum_line(r: SaveResult, d: Mapping[str, Any]) -> str:
+    if r.integrity == "none":
+        return "Checksum:          no checksums (integrity none: a load can verify only by regeneration)"
+    return f"Checksum:          {r.checksum_s:.3f} s @ {gbps(d['checksum_bps'])}  (CRC32C, beside each write)"
+
+
 def _save_text(r: SaveResult) -> str:
     """The results block of one save: generation, checksums and writes kept apart."""
     m = r.metadata
@@ -374,7 +386,7 @@ def _save_text(r: SaveResult) -> str:
         RULE,
         f"Throughput:        {gbps(r.throughput_bps)}  ({gib(r.size_bytes)} in {r.wall_s:.3f} s, end to end)",
         f"Generation:        {r.gen_s:.3f} s @ {gbps(d['gen_bps'])}  (pure fill time)",
-        f"Checksum:          {r.checksum_s:.3f} s @ {gbps(d['checksum_bps'])}  (CRC32C, beside each write)",
+        _checksum_line(r, d),
         f"I/O:               {r.io_s:.3f} s @ {gbps(d['io_bps'])}",
         f"  - write:         {r.write_s:.3f} s",
         f"  - close:         {r.close_s:.3f} s ({close or 'no detail'})",
@@ -428,7 +440,8 @@ def _load_text(r: LoadResult) -> str:
         f"Memory:            peak RSS {mib(r.peak_rss_bytes)} "
         f"(+{mib(r.peak_rss_bytes - r.baseline_rss_bytes)} during the run); pool {mib(m.pool_bytes)}",
         f"Cache defeat:      {'O_DIRECT' if m.direct_io else 'no O_DIRECT'} — {m.direct_io_reason}",
-        f"Manifest:          {m.generator} (seed {m.seed}), chunk {mib(x.get('manifest_chunk_size', 0))}",
+        f"Manifest:          {m.generator} (seed {m.seed}), chunk {mib(x.get('manifest_chunk_size', 0))}"
+        + ("; no checksums (saved with integrity none)" if x.get("manifest_integrity") == "none" else ""),
         RULE,
     ]
     if "identity_note" in x:

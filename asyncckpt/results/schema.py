@@ -16,6 +16,8 @@ records the stages' CPU (``checksum_cpu_s``, ``verify_cpu_s``); 2.1 files read w
 2.3: run metadata names the niceness and scheduling class of the CPU-only threads (``cpu_nice``,
 ``cpu_idle``); older files read with both null (not recorded).
 2.4: and whether they ran only beside the event loop's CPU (``cpu_pinned``); null before.
+2.5: saves name their ``integrity`` (``crc32c``, or ``none``: no checksum was computed);
+older files read as ``crc32c``, the only mode they had.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-SCHEMA_VERSION = "2.4"
+SCHEMA_VERSION = "2.5"
 #: the majors this release reads: its own and the previous one
 READABLE_MAJORS = ("1", "2")
 SCHEMA_RESOURCE = "schemas/result.schema.json"

@@ -26,12 +26,13 @@ if TYPE_CHECKING:
 class InPlaceWrite:
     """One chunk generated straight into a client library's memory and handed to it, timed
     where it happened (in a writer process, when isolated): ``fill_s`` the generation,
-    ``checksum_s`` the CRC32C of the bytes as they went up, ``write_s`` the library's own
-    calls (reserving its memory and committing the chunk, where its back-pressure shows)."""
+    ``checksum_s`` the CRC32C of the bytes as they went up (None and 0 when the save takes no
+    checksums), ``write_s`` the library's own calls (reserving its memory and committing the
+    chunk, where its back-pressure shows)."""
 
     fill_s: float
     write_s: float
-    checksum: int
+    checksum: int | None
     checksum_s: float
 
 

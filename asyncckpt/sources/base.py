@@ -53,12 +53,14 @@ class Source(ABC):
 class GenSpec:
     """A picklable recipe for a fresh synthetic source: the same bytes wherever it runs, as
     long as it is filled with the same chunk sizes in the same order
-    (:func:`asyncckpt.sources.spec.source_from_spec` makes the source)."""
+    (:func:`asyncckpt.sources.spec.source_from_spec` makes the source). ``checksums``: whether
+    the handle that generates the chunks also takes each one's CRC32C (``integrity``)."""
 
     generator: str
     total_size: int
     seed: int
     threads: int
+    checksums: bool = True
 
 
 class ThreadedSource(Source):

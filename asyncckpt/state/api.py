@@ -164,6 +164,7 @@ async def save_state(
 ) -> StateSaveResult | StagedSave:
     """Save a nested state as one safetensors object; see ``AsyncCheckpointer.save_state``."""
     staging = modes.parse("staging", staging, modes.StagingMode, fold=False)
+    refuse_unchecked(rt.config.integrity)
     target = _uri(uri)
     t0 = now()  # the caller is blocked from here (the target's check included)
     await _check_target(storage, target)
@@ -183,6 +184,18 @@ async def save_state(
         rt, storage, target, p.size, data, "streaming", progress, expected, in_place=False
     )
     return _state_result(p, "none", now() - t0, 0.0, 0.0, prepass, copied, saved)
+
+
+def refuse_unchecked(integrity: str) -> None:
+    """State saves always carry checksums: a state object's safetensors header holds its chunk
+    CRC32Cs, from a pre-pass that is also how a change to the arrays during the save is caught
+    (SourceChangedError), and every state load verifies against them."""
+    if integrity != "crc32c":
+        raise ConfigError(
+            f"save_state does not support integrity={integrity!r}: a state object's safetensors "
+            "header carries its chunk CRC32Cs, which also detect arrays changed during the save; "
+            "use a checkpointer with integrity='crc32c' (the default) for state saves"
+        )
 
 
 async def reserve_staging(

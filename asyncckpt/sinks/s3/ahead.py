@@ -43,11 +43,12 @@ class Placed:
 @dataclass(frozen=True)
 class Collected:
     """One chunk's figures: its generation and the library's calls, timed in the generating
-    thread; its CRC32C and the seconds it took, in the checksum thread; whether all that was
-    done before its request came (the generating thread ran ahead)."""
+    thread; its CRC32C and the seconds it took, in the checksum thread (None and 0 when the
+    save takes no checksums); whether all that was done before its request came (the
+    generating thread ran ahead)."""
 
     placed: Placed
-    checksum: int
+    checksum: int | None
     checksum_s: float
     ready_when_asked: bool = False
 
@@ -55,12 +56,20 @@ class Collected:
 class Ahead:
     """Runs ``make(nbytes) -> Placed`` for each chunk of ``layout`` ((offset, nbytes), in
     order) in its own thread; :meth:`take` waits for one chunk's figures. :meth:`stop` ends
-    the threads (after the last chunk, or on abort) and releases what was never collected."""
+    the threads (after the last chunk, or on abort) and releases what was never collected.
+    ``checksums=False`` (``integrity="none"``): no CRC32C is computed; the second thread
+    still hands each chunk to the loop, so the generating thread never wakes it."""
 
     def __init__(
-        self, make: Callable[[int], Placed], layout: Sequence[tuple[int, int]], executor: Executor
+        self,
+        make: Callable[[int], Placed],
+        layout: Sequence[tuple[int, int]],
+        executor: Executor,
+        *,
+        checksums: bool = True,
     ) -> None:
         self._make = make
+        self._checksums_on = checksums
         self._executor = executor  # joins the threads (run_blocking: never abandoned)
         self._layout = {offset: nbytes for offset, nbytes in layout}
         self._order = [offset for offset, _ in layout]
@@ -96,6 +105,9 @@ class Ahead:
             self._checksums.submit(self._checksum, offset, placed)
 
     def _checksum(self, offset: int, placed: Placed) -> None:
+        if not self._checksums_on:
+            self._deliver(offset, Collected(placed, None, 0.0), None)
+            return
         try:
             value, seconds, _ = timed_crc(placed.view)
         except BaseException as exc:

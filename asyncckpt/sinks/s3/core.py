@@ -141,6 +141,7 @@ class AppendSink(S3SinkBase):
         self._generator_facts: dict[str, Any] | None = None
         self._ahead: Ahead | None = None  # generates the chunks after begin_generation
         self._generated_total = 0
+        self._generated_checksums = True  # the spec's: take each generated chunk's CRC32C
         #: chunks already generated when their request came (the generating thread runs ahead)
         self.generated_ready_when_asked = 0
 
@@ -190,6 +191,7 @@ class AppendSink(S3SinkBase):
             return False
         self._generator = await run_blocking(self.executor, source_from_spec, spec)  # starts dgen's pool
         self._generated_total = spec.total_size
+        self._generated_checksums = spec.checksums
         self._generator_facts = {**self._generator.describe(), "pid": os.getpid()}
         return True
 
@@ -200,7 +202,8 @@ class AppendSink(S3SinkBase):
         if self._ahead is None:  # the first request gives the chunk size: the whole layout
             total = self._generated_total
             layout = [(o, min(nbytes, total - o)) for o in range(0, total, nbytes)]
-            self._ahead = Ahead(functools.partial(self._generate, source), layout, self.executor)
+            make = functools.partial(self._generate, source)
+            self._ahead = Ahead(make, layout, self.executor, checksums=self._generated_checksums)
         try:
             got = await self.guarded(f"write at offset {offset} of", self._ahead.take, offset, nbytes)
         finally:
