@@ -1,11 +1,13 @@
-"""``CheckpointManager``: step directories for a training loop, saved every N steps.
+"""``CheckpointManager``: step directories for a training loop, saved on a cadence, pruned by policy.
 
-The loop calls ``await mgr.maybe_save(step, state)`` each step. A save runs in the background
+The loop calls ``await mgr.maybe_save(step, state, metrics=...)`` each step; the cadence
+(every N steps, every N seconds, or continuously) decides whether it saves, and the metrics and
+asyncckpt version go into the step's commit record (:mod:`asyncckpt.retention`). A save runs in the background
 (``staging="host"``: the loop waits only for the copy; the staging area is made in the
 background at the first call that saves nothing, or at ``restore(into=)``) and commits its step
 when every rank's object is durable (:mod:`asyncckpt.steps`). With a save still pending, ``when_busy="wait"``
 waits for it and ``"skip"`` skips this step; both are recorded in ``stats``. After a commit,
-rank 0 deletes committed steps beyond ``keep_last`` in the background. At start rank 0 removes
+rank 0 deletes, in the background, the committed steps no retention rule keeps. At start rank 0 removes
 uncommitted steps of a crashed run, but only those whose recorded owner provably died; a step
 whose save failed in this process is removed at once. ``wait()`` and ``aclose()`` raise the
 first failure of that background work (``raise_on_failure=False``: logged and counted only).
@@ -14,9 +16,11 @@ first failure of that background work (``raise_on_failure=False``: logged and co
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -25,12 +29,23 @@ from . import modes, steps
 from .checkpointer import AsyncCheckpointer
 from .engine.monitor import now
 from .errors import CollectiveError, ConfigError
-from .modes import StagingMode, WhenBusy
+from .modes import BestMode, StagingMode, WhenBusy
 from .node.collectives import Collectives, get_collectives
+from .retention import Cadence, RetentionPolicy, check_metrics, to_delete
 from .sinks import leftovers
 from .sinks.loops import orphaned
+from .steps import StepCommit
 
 log = logging.getLogger("asyncckpt")
+
+
+def _version() -> str:
+    """The installed asyncckpt's version, recorded with each step (the package's ``__init__``
+    sits above this layer)."""
+    try:
+        return importlib.metadata.version("asyncckpt")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 @dataclass
@@ -40,16 +55,14 @@ class ManagerStats:
     saved: list[int] = field(default_factory=list)  # steps committed
     skipped: list[int] = field(default_factory=list)  # steps not saved: a save was pending (skip)
     waited: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds waited for a save)
-    deleted: list[int] = field(default_factory=list)  # old committed steps removed (keep_last)
+    deleted: list[int] = field(default_factory=list)  # committed steps no retention rule kept
     cleaned: list[int] = field(default_factory=list)  # uncommitted steps removed: dead owners', failed saves'
     left: list[tuple[int, str]] = field(default_factory=list)  # uncommitted steps kept, and why
     failed: list[tuple[int, str]] = field(default_factory=list)  # saves or deletes that failed
     abandoned: list[int] = field(default_factory=list)  # saves whose event loop ended before they committed
 
 
-def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
+def _positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
@@ -61,40 +74,56 @@ def _log_reserve_failure(task: asyncio.Task[int]) -> None:
 
 
 class CheckpointManager:
-    """Saves every ``every_n_steps`` steps under ``root``, keeps the last ``keep_last``.
+    """Saves under ``root`` on a :class:`Cadence`, keeps what a :class:`RetentionPolicy` keeps.
 
     >>> async with CheckpointManager("/nvme/run", every_n_steps=100, keep_last=3) as mgr:
     ...     start = (await mgr.restore(into=state) or 0) + 1
     ...     for step in range(start, steps):
-    ...         train_step()
-    ...         await mgr.maybe_save(step, state)
+    ...         loss = train_step()
+    ...         await mgr.maybe_save(step, state, metrics={"loss": loss})
+
+    ``clock`` (seconds, monotonic) times ``every_seconds``; tests inject their own.
     """
 
     def __init__(
         self,
         root: str | os.PathLike[str],
         *,
-        every_n_steps: int = 1,
+        every_n_steps: int | None = None,
+        every_seconds: float | None = None,
+        continuous: bool = False,
         keep_last: int | None = None,
+        keep_every_n_steps: int | None = None,
+        best_n: int | None = None,
+        best_metric: str | None = None,
+        best_mode: BestMode = "min",
+        keep_younger_than: float | None = None,
         max_pending_saves: int = 1,
         when_busy: WhenBusy = "wait",
         staging: StagingMode = "host",
         checkpointer: AsyncCheckpointer | None = None,
         raise_on_failure: bool = True,
+        clock: Callable[[], float] = time.monotonic,
         **options: Any,
     ) -> None:
         if not isinstance(raise_on_failure, bool):
             raise ConfigError(f"raise_on_failure must be True or False, got {raise_on_failure!r}")
-        _positive("every_n_steps", every_n_steps)
-        _positive("keep_last", keep_last, allow_none=True)
+        self.cadence = Cadence(every_n_steps, every_seconds, continuous)
+        self.retention = RetentionPolicy(
+            keep_last, keep_every_n_steps, best_n, best_metric, best_mode, keep_younger_than
+        )
         _positive("max_pending_saves", max_pending_saves)
+        if not callable(clock):
+            raise ConfigError(f"clock must be a callable returning seconds, got {clock!r}")
         when_busy = modes.parse("when_busy", when_busy, WhenBusy, fold=False)
         staging = modes.parse("staging", staging, StagingMode, fold=False)
         if checkpointer is not None and options:
             raise ConfigError("pass either checkpointer= or checkpointer options, not both")
         self.ckpt = checkpointer if checkpointer is not None else AsyncCheckpointer(**options)
         self.root = steps.check_root(root, self.ckpt.storage)  # nothing allocated yet: no I/O
-        self.every_n_steps, self.keep_last = every_n_steps, keep_last
+        self.every_n_steps, self.keep_last = every_n_steps or 1, keep_last
+        self.clock = clock
+        self._last_start: float | None = None  # the clock when this manager last started a save
         self.max_pending_saves, self.when_busy, self.staging = max_pending_saves, when_busy, staging
         self._own = checkpointer is None
         self.stats = ManagerStats()
@@ -120,6 +149,12 @@ class CheckpointManager:
             # each rank would judge "busy" by its own timing: they could skip different steps
             raise ConfigError(
                 f"when_busy='skip' needs one rank; this job has {self._coll.world_size}: use 'wait'"
+            )
+        if self._coll.world_size > 1 and not self.cadence.per_step:
+            # a clock or a pending save is each rank's own: they could save different steps
+            raise ConfigError(
+                f"every_seconds and continuous need one rank; this job has {self._coll.world_size}: "
+                "use every_n_steps"
             )
         if self._coll.is_coordinator:
             await self._clean_uncommitted()
@@ -195,13 +230,28 @@ class CheckpointManager:
         )
         return latest
 
-    async def maybe_save(self, step: int, state: Mapping[Any, Any]) -> bool:
-        """Save ``state`` as ``step`` if it is due; True if a save was started."""
+    async def steps(self) -> list[StepCommit]:
+        """The commit record of every committed step under the root, ascending: world size,
+        time, objects and ``metadata`` (``metrics``, ``asyncckpt_version``; None for steps
+        saved before metadata was recorded)."""
+        return await steps.committed_steps(self.ckpt, self.root)
+
+    async def maybe_save(
+        self, step: int, state: Mapping[Any, Any], *, metrics: Mapping[str, float] | None = None
+    ) -> bool:
+        """Save ``state`` as ``step`` if the cadence says it is due; True if a save was started.
+        ``metrics`` (finite numbers by name) are recorded with the step, and ``best_n`` ranks by
+        one of them."""
         steps.check_step(step)
-        if step % self.every_n_steps:
+        facts = {"metrics": check_metrics(metrics), "asyncckpt_version": _version()}
+        if self.cadence.per_step and not self.cadence.due(step, now=0.0, last_start=None, busy=False):
             self._reserve(state)
             return False
         await self.start()
+        busy = bool(self._still_pending())
+        if not self.cadence.due(step, now=self.clock(), last_start=self._last_start, busy=busy):
+            self._reserve(state)
+            return False
         if len(self._still_pending()) >= self.max_pending_saves:
             if self.when_busy == "skip":
                 self.stats.skipped.append(step)
@@ -212,9 +262,17 @@ class CheckpointManager:
             self.stats.waited.append((step, now() - t0))
         assert self._coll is not None
         previous = self._pending[-1] if self._pending else None
+        self._last_start = self.clock()
         try:
             commit = await steps.start_step(
-                self.ckpt, self.root, step, state, staging=self.staging, coll=self._coll, after=previous
+                self.ckpt,
+                self.root,
+                step,
+                state,
+                staging=self.staging,
+                coll=self._coll,
+                after=previous,
+                metadata=facts,
             )
         except Exception as exc:  # raised to the caller here: recorded, not raised again by wait()
             self.stats.failed.append((step, f"save: {exc}"))
@@ -234,7 +292,7 @@ class CheckpointManager:
         self._reserving = asyncio.create_task(self.ckpt.reserve_staging(state), name="asyncckpt-reserve")
         self._reserving.add_done_callback(_log_reserve_failure)
 
-    async def _finish(self, step: int, commit: asyncio.Task[steps.StepCommit]) -> None:
+    async def _finish(self, step: int, commit: asyncio.Task[StepCommit]) -> None:
         try:
             await commit
         except asyncio.CancelledError:  # only the end of its event loop cancels it
@@ -248,21 +306,15 @@ class CheckpointManager:
             return
         self.stats.saved.append(step)
         assert self._coll is not None
-        if self.keep_last is not None and self._coll.is_coordinator:
+        if self.retention.active and self._coll.is_coordinator:
             previous = self._deleting
             self._deleting = asyncio.create_task(self._prune(step, previous))
 
     async def _prune(self, just_committed: int, previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await asyncio.wait([previous])
-        assert self.keep_last is not None
-        committed = [
-            s for s in await steps.steps_under(self.ckpt, self.root)
-            if s <= just_committed and await steps.read_commit(self.ckpt, self.root, s) is not None
-        ]  # fmt: skip
-        for old in committed[: -self.keep_last]:
-            if old == just_committed:  # pragma: no cover - keep_last >= 1 keeps it
-                continue
+        records = [r for r in await steps.committed_steps(self.ckpt, self.root) if r.step <= just_committed]
+        for old in to_delete(self.retention, records, time.time()):
             try:
                 await steps.delete_step(self.ckpt, self.root, old)
             except Exception as exc:

@@ -32,6 +32,8 @@ ChecksumMode = Literal["when_required", "when_supported"]
 StagingMode = Literal["none", "host"]
 #: what CheckpointManager.maybe_save does while an earlier save is still being written
 WhenBusy = Literal["wait", "skip"]
+#: CheckpointManager best_n: keep the lowest ("min") or highest ("max") values of the metric
+BestMode = Literal["min", "max"]
 #: what a save computes so a load can check it (``CheckpointConfig.integrity``, bench
 #: ``--integrity``): a CRC32C per chunk sealed into the manifest, or nothing (pure storage
 #: benchmarks: the object then cannot be verified by checksum, only by regeneration)

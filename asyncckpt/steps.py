@@ -59,6 +59,9 @@ class StepCommit:
     sizes: list[int]
     identities: list[Any]  # ETag or file identity of each published object
     committed_at: float  # seconds since the epoch
+    #: the saver's per-step facts (``metrics``, ``asyncckpt_version``); None in records
+    #: written before it existed, which stay readable
+    metadata: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,12 @@ async def read_commit(ckpt: StepHost, root: str | os.PathLike[str], step: int) -
         raise IntegrityError(f"{uri!r} is not a commit record: {exc}") from None
 
 
+async def committed_steps(ckpt: StepHost, root: str | os.PathLike[str]) -> list[StepCommit]:
+    """The commit record of every committed step under ``root``, ascending by step."""
+    found = [await read_commit(ckpt, root, step) for step in await steps_under(ckpt, root)]
+    return [record for record in found if record is not None]
+
+
 async def latest_step(ckpt: StepHost, root: str | os.PathLike[str]) -> int | None:
     """The newest committed step under ``root`` (uncommitted ones are passed over), or None."""
     for step in reversed(await steps_under(ckpt, root)):
@@ -183,12 +192,14 @@ async def start_step(
     coll: Collectives,
     staging: StagingMode = "none",
     after: asyncio.Future[Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> asyncio.Task[StepCommit]:
     """Write this rank's object of ``step``; return the task that commits the step.
 
     Returns once the caller's arrays may change again (``staging="host"``: after the copy;
     ``"none"``: after this rank's object is durable). Every rank must call it, in step order;
     ``after`` (the previous step's task) keeps the ranks' collectives in that order.
+    ``metadata`` (JSON-safe) goes into the commit record as it is.
     """
     base = step_uri(check_root(root, ckpt.storage), check_step(step))
     await _make_dir(ckpt, base)
@@ -203,7 +214,8 @@ async def start_step(
         if coll.world_size == 1:
             raise
         saving = exc  # the peers still learn it in the all-gather, instead of waiting forever
-    task = _commit(ckpt, base, step, name, saving, coll, after)
+    facts = None if metadata is None else dict(metadata)
+    task = _commit(ckpt, base, step, name, saving, coll, after, facts)
     return asyncio.create_task(task, name=f"asyncckpt-commit {base}")
 
 
@@ -215,6 +227,7 @@ async def _commit(
     saving: StateSaveResult | StagedSave | Exception,
     coll: Collectives,
     after: asyncio.Future[Any] | None,
+    metadata: dict[str, Any] | None,
 ) -> StepCommit:
     mine: tuple[str, int, Any] | None = None
     failure: Exception | None = saving if isinstance(saving, Exception) else None
@@ -242,6 +255,7 @@ async def _commit(
         sizes=[e[1] for e in every if e],
         identities=[e[2] for e in every if e],
         committed_at=time.time(),
+        metadata=metadata,
     )
     if coll.is_coordinator:
         await put_record(ckpt, f"{base}/{COMMIT}", asdict(record))

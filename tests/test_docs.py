@@ -27,7 +27,7 @@ def test_every_error_class_is_in_troubleshooting() -> None:
 
 def test_cli_reference_lists_every_option() -> None:
     text = cli_reference()
-    for heading in ("bench`", "bench report`", "bench compare`", "bench cleanup`"):
+    for heading in ("bench`", "bench report`", "bench compare`", "bench cleanup`", "bench ls`"):
         assert f"## `python -m asyncckpt.{heading}" in text
     for option in (
         "--size SIZE",

@@ -48,7 +48,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config",),
     ("engine",),
     ("state",),
-    ("steps",),
+    ("steps", "retention"),
     ("checkpointer",),
     ("manager",),
     ("integrations",),

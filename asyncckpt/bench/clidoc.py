@@ -6,6 +6,7 @@ import argparse
 
 from .cleanup import cleanup_parser
 from .cli import build_parser
+from .steplist import ls_parser
 from .subcommands import compare_parser, report_parser
 
 
@@ -51,5 +52,5 @@ def parser_markdown(p: argparse.ArgumentParser, level: int = 2) -> str:
 
 def cli_reference() -> str:
     """Every bench command: the run itself, then the subcommands."""
-    parsers = (build_parser(), report_parser(), compare_parser(), cleanup_parser())
+    parsers = (build_parser(), report_parser(), compare_parser(), cleanup_parser(), ls_parser())
     return "\n".join(parser_markdown(p, level=3) for p in parsers)

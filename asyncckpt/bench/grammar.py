@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 
 #: every word that is, or will be, a subcommand (must come first on the command line)
-RESERVED = ("report", "compare", "cleanup", "plan")
+RESERVED = ("report", "compare", "cleanup", "ls", "plan")
 
 _OVERRIDE = re.compile(r"^(\+\+?)([A-Za-z_][\w.\-]*)=(.*)$", re.DOTALL)
 

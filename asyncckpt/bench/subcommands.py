@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, MissingDependencyError, TargetNotFoundError
+from ..errors import ConfigError, IntegrityError, MissingDependencyError, TargetNotFoundError
 from ..results.text import format_table
 from .cleanup import cleanup_main
 from .compare import ALPHA, compare_docs
@@ -15,6 +15,7 @@ from .grammar import Command, NotYet, Override, not_yet
 from .outputs import add_output_arguments, check_outputs, render_text, write_outputs
 from .parsing import Parser
 from .resultfiles import load_result
+from .steplist import ls_main
 
 
 def report_parser() -> Parser:
@@ -112,6 +113,7 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "report": report_main,
     "compare": compare_main,
     "cleanup": cleanup_main,
+    "ls": ls_main,
     "plan": not_yet("plan"),
 }
 
@@ -128,6 +130,6 @@ def run_subcommand(cmd: Command) -> int:
     except (ConfigError, MissingDependencyError, TargetNotFoundError) as exc:
         print(f"asyncckpt.bench {cmd.name}: error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:
+    except (OSError, IntegrityError) as exc:  # an unreadable record (ls): one line, not a traceback
         print(f"asyncckpt.bench {cmd.name}: failed: {exc}", file=sys.stderr)
         return 1

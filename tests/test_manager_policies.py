@@ -1,0 +1,155 @@
+"""CheckpointManager policies on real files: metadata in the commit record, ``steps()``,
+best-N on disk, time and continuous cadences, bad input, and ``python -m asyncckpt.bench ls``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncckpt import CheckpointManager
+from asyncckpt.errors import ConfigError
+from asyncckpt.steps import COMMIT
+
+from .conftest import run_bench
+from .test_steps import GatedCheckpointer, MiB, names, state_of
+
+OPTIONS: dict[str, Any] = {"chunk_size": MiB, "num_buffers": 4}
+LOSS = {1: 0.9, 2: 0.3, 3: 0.7, 4: 0.1, 5: 0.8}
+
+
+async def test_best_n_keeps_the_best_on_disk_and_records_the_metadata(tmp_path: Path) -> None:
+    async with CheckpointManager(tmp_path, best_n=2, best_metric="loss", **OPTIONS) as mgr:
+        for step, loss in LOSS.items():
+            assert await mgr.maybe_save(step, state_of(step), metrics={"loss": loss})
+        await mgr.wait()
+        listed = await mgr.steps()
+    assert mgr.stats.deleted == [1, 3]  # 1 after 3 committed (2 and 3 the best, 3 newest), then 3
+    assert names(tmp_path) == ["step-2", "step-4", "step-5"]  # best 4 and 2; 5 is the newest
+    record = json.loads((tmp_path / "step-4" / COMMIT).read_text())
+    assert record["metadata"]["metrics"] == {"loss": 0.1}
+    assert record["metadata"]["asyncckpt_version"] and record["world_size"] == 1
+    assert [(r.step, (r.metadata or {})["metrics"]) for r in listed] == [
+        (2, {"loss": 0.3}),
+        (4, {"loss": 0.1}),
+        (5, {"loss": 0.8}),
+    ]
+
+
+async def test_the_only_committed_step_is_never_deleted(tmp_path: Path) -> None:
+    async with CheckpointManager(
+        tmp_path, best_n=1, best_metric="loss", keep_younger_than=1e-9, **OPTIONS
+    ) as mgr:
+        await mgr.maybe_save(1, state_of(1))  # no metric: never "best", and too old at once
+        await mgr.wait()
+    assert mgr.stats.deleted == [] and names(tmp_path) == ["step-1"]
+
+
+async def test_a_record_without_metadata_stays_readable(tmp_path: Path) -> None:
+    async with CheckpointManager(tmp_path, keep_last=1, **OPTIONS) as mgr:
+        await mgr.maybe_save(1, state_of(1))
+        await mgr.wait()
+        path = tmp_path / "step-1" / COMMIT
+        old = json.loads(path.read_text())
+        del old["metadata"]  # as written before this release
+        path.write_text(json.dumps(old))
+        [record] = await mgr.steps()
+        assert record.step == 1 and record.metadata is None
+        await mgr.maybe_save(2, state_of(2), metrics={"loss": 1.0})
+    assert names(tmp_path) == ["step-2"] and mgr.stats.deleted == [1]
+
+
+async def test_every_seconds_follows_the_injected_clock(tmp_path: Path) -> None:
+    clock = [1000.0]
+    async with CheckpointManager(tmp_path, every_seconds=60, clock=lambda: clock[0], **OPTIONS) as mgr:
+        started = []
+        for step, at in enumerate((1000.0, 1030.0, 1059.9, 1060.0, 1100.0, 1130.0), start=1):
+            clock[0] = at
+            if await mgr.maybe_save(step, state_of(step)):
+                started.append(step)
+            await mgr.wait()
+    assert started == [1, 4, 6]  # at 1000, then 60 s after it (1060), then 70 s after that
+
+
+async def test_continuous_saves_whenever_the_previous_save_is_done(tmp_path: Path) -> None:
+    ckpt = GatedCheckpointer(**OPTIONS)
+    async with ckpt, CheckpointManager(tmp_path, continuous=True, checkpointer=ckpt) as mgr:
+        assert await mgr.maybe_save(1, state_of(1))  # its write waits at the gate
+        assert not await mgr.maybe_save(2, state_of(2))  # pending: not due, neither waited nor skipped
+        ckpt.gate.set()
+        await mgr.wait()
+        assert await mgr.maybe_save(3, state_of(3))
+    assert mgr.stats.saved == [1, 3] and mgr.stats.skipped == [] and mgr.stats.waited == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"every_n_steps": 10, "every_seconds": 60},
+         "choose one cadence, got every_n_steps=10 and every_seconds=60"),
+        ({"best_n": 2}, "best_n and best_metric go together"),
+        ({"best_n": 2, "best_metric": "loss", "best_mode": "up"},
+         "best_mode must be one of min, max, got 'up'"),
+        ({"keep_younger_than": "1h"}, "keep_younger_than must be a positive number of seconds, got '1h'"),
+        ({"clock": 5}, "clock must be a callable returning seconds, got 5"),
+    ],
+)  # fmt: skip
+def test_bad_policies_are_refused_before_any_io(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    root = tmp_path / "run"
+    with pytest.raises(ConfigError, match=message):
+        CheckpointManager(root, **kwargs, **OPTIONS)
+    assert not root.exists()
+
+
+async def test_bad_metrics_are_refused_before_any_io(tmp_path: Path) -> None:
+    async with CheckpointManager(tmp_path, **OPTIONS) as mgr:
+        with pytest.raises(ConfigError, match="metric 'loss' must be finite, got nan"):
+            await mgr.maybe_save(1, state_of(1), metrics={"loss": math.nan})
+        with pytest.raises(ConfigError, match="metric 'lr' must be a number, got '1e-3'"):
+            await mgr.maybe_save(2, state_of(2), metrics={"lr": "1e-3"})
+    assert names(tmp_path) == [] and mgr.stats.saved == []
+
+
+async def two_steps(root: Path) -> None:
+    async with CheckpointManager(root, **OPTIONS) as mgr:
+        await mgr.maybe_save(1, state_of(1), metrics={"loss": 0.5, "acc": 0.25})
+        await mgr.maybe_save(2, state_of(2))
+
+
+def test_ls_prints_a_table_and_json(tmp_path: Path) -> None:  # not async: it waits on a child
+    asyncio.run(two_steps(tmp_path))
+    (tmp_path / "step-3").mkdir()  # a step that never committed
+    table = run_bench("ls", str(tmp_path), cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == [
+        "step",
+        "state",
+        "committed",
+        "(UTC)",
+        "ranks",
+        "bytes",
+        "asyncckpt",
+        "metrics",
+    ]
+    assert lines[2].split()[:2] == ["1", "committed"] and lines[2].endswith("acc=0.25 loss=0.5")
+    assert lines[4].split() == ["3", "uncommitted"]
+    assert lines[-1] == f"3 step(s) under {tmp_path}, 2 committed"
+    listing = run_bench("ls", str(tmp_path), "--json", cwd=tmp_path)
+    doc = json.loads(listing.stdout)
+    assert [(s["step"], s["committed"], s.get("metrics")) for s in doc["steps"]] == [
+        (1, True, {"loss": 0.5, "acc": 0.25}),
+        (2, True, {}),
+        (3, False, None),
+    ]
+    assert doc["steps"][0]["world_size"] == 1 and doc["steps"][0]["size_bytes"] > 400_000
+
+
+def test_ls_of_a_missing_root_is_one_line_and_rc_2(tmp_path: Path) -> None:
+    run = run_bench("ls", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.startswith("asyncckpt.bench ls: error:") and len(run.stderr.splitlines()) == 1
