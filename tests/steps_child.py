@@ -5,6 +5,8 @@
 before the ranks agree the step is complete; rank 0 waits in the all-gather until the
 launcher tears the job down. Step 2 must stay uncommitted. ``fail``: rank 1's state of step 2
 cannot be saved; each rank writes the error it got to ``ROOT/error-<r>.txt``.
+``policies``: a manager with ``every_seconds`` is refused on each rank (``ROOT/error-<r>.txt``);
+one with ``every_n_steps`` and ``best_n`` saves steps 1 and 2 with metrics.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from asyncckpt import AsyncCheckpointer
+from asyncckpt import AsyncCheckpointer, CheckpointManager
+from asyncckpt.errors import ConfigError
 from asyncckpt.node.collectives import get_collectives
+from asyncckpt.node.topology import world
 from asyncckpt.steps import save_step, start_step
 
 
@@ -27,7 +31,25 @@ def state_of(rank: int, step: int) -> dict[str, object]:
     return {"w": np.arange(50_000, dtype=np.float32) + 1000 * rank + step, "step": step, "rank": rank}
 
 
+async def policies(root: Path) -> None:
+    options: dict[str, int] = {"chunk_size": 1 << 20, "num_buffers": 4}
+    rank, _ = world()
+    timed = CheckpointManager(root, every_seconds=60, **options)
+    try:
+        await timed.start()
+    except ConfigError as exc:
+        (root / f"error-{rank}.txt").write_text(str(exc))
+    finally:
+        await timed.aclose()
+    async with CheckpointManager(root, best_n=1, best_metric="loss", **options) as mgr:
+        for step, loss in ((1, 0.5), (2, 0.7)):
+            await mgr.maybe_save(step, state_of(rank, step), metrics={"loss": loss})
+
+
 async def main(root: Path, mode: str) -> None:
+    if mode == "policies":
+        await policies(root)
+        return
     async with AsyncCheckpointer(chunk_size=1 << 20, num_buffers=4) as ckpt, get_collectives() as coll:
         await ckpt.save_step(root, 1, state_of(coll.rank, 1))
         if mode == "ok":

@@ -150,6 +150,20 @@ def test_two_ranks_under_mpirun(tmp_path: Path) -> None:
     check_two_rank_step(tmp_path)
 
 
+@pytest.mark.mpi
+def test_two_ranks_refuse_a_clock_cadence_and_record_metrics(tmp_path: Path) -> None:
+    proc = mpirun("tests.steps_child", str(tmp_path), "policies")
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):  # each rank's clock is its own: they could save different steps
+        assert (
+            "every_seconds and continuous need one rank; this job has 2"
+            in (tmp_path / f"error-{rank}.txt").read_text()
+        )
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-1", "step-2"]  # 1 best, 2 newest
+    record = json.loads((tmp_path / "step-1" / COMMIT).read_text())
+    assert record["world_size"] == 2 and record["metadata"]["metrics"] == {"loss": 0.5}
+
+
 @pytest.mark.torchrun
 def test_two_ranks_under_torchrun(tmp_path: Path) -> None:
     pytest.importorskip("torch")
