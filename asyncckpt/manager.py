@@ -16,6 +16,7 @@ first failure of that background work (``raise_on_failure=False``: logged and co
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
 import logging
 import os
@@ -39,6 +40,7 @@ from .steps import StepCommit
 log = logging.getLogger("asyncckpt")
 
 
+@functools.cache  # read once: maybe_save runs every training step
 def _version() -> str:
     """The installed asyncckpt's version, recorded with each step (the package's ``__init__``
     sits above this layer)."""
