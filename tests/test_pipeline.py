@@ -30,6 +30,7 @@ class RaceCheckingSink(MemorySink):
     """Checks every buffer is unchanged from the start to the end of its (slow) write."""
 
     backend = "race-check"
+    in_process_memory = False  # stands for a remote store: watched, as one would be
     default_in_flight = 2
     violations: list[int] = []  # noqa: RUF012 - shared by the instances of one test
 
@@ -45,6 +46,7 @@ class RaceCheckingSink(MemorySink):
 
 class SlowSink(MemorySink):
     backend = "slow"
+    in_process_memory = False  # stands for a remote store: watched, as one would be
     default_in_flight = 1
 
     async def write_part(self, offset: int, data: memoryview) -> float | None:
@@ -196,6 +198,7 @@ class FirstFailsLastSink(MemorySink):
     while part 2's writer still waits for its own checksum thread."""
 
     backend = "first-fails-last"
+    in_process_memory = False  # stands for a remote store: watched, as one would be
     default_in_flight = 2
 
     def __init__(self, uri: str, **kwargs: Any) -> None:

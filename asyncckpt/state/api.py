@@ -147,7 +147,8 @@ async def close_staging(area: StagingArea) -> None:
     """Wait for a background staged save (or say it was abandoned), then free the staging area
     (``aclose``)."""
     await area.settle()
-    await run_blocking(Offload(1), area.close)  # unmapping: off the loop thread
+    if area.mapping is not None:  # unmapping: off the loop thread (no thread when nothing to unmap)
+        await run_blocking(Offload(1), area.close)
 
 
 # -- saving ----------------------------------------------------------------------------
