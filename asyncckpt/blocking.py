@@ -60,3 +60,19 @@ async def run_blocking(executor: Executor, fn: Callable[..., T], *args: object) 
         if not future.cancelled():
             future.exception()  # retrieved so it is not logged as never-retrieved
         raise
+
+
+class LoopLocks:
+    """One ``asyncio.Lock`` per event loop: a lock is bound to the loop that first waited on it,
+    and sync code may call ``asyncio.run`` more than once with the same object. Locks of
+    closed loops are dropped."""
+
+    def __init__(self) -> None:
+        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+
+    def current(self) -> asyncio.Lock:
+        """The running loop's lock (made on first use)."""
+        loop = asyncio.get_running_loop()
+        for old in [lp for lp in self._locks if lp.is_closed()]:
+            del self._locks[old]
+        return self._locks.setdefault(loop, asyncio.Lock())

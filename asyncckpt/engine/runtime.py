@@ -18,7 +18,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from .. import priority
-from ..blocking import Offload, run_blocking
+from ..blocking import LoopLocks, Offload, run_blocking
 from ..config import CheckpointConfig
 from ..cpu import helper_threads, run_queue
 from ..node.topology import ThreadBudget, thread_budget
@@ -54,7 +54,7 @@ class Runtime:
         self._cpu: CpuThreads | None = None  # CPU-only work at a lower priority (priority.py)
         self._pinned = False  # whether the last save's CPU-only work ran beside the loop's CPU
         self._late_ticks = 0  # loop-monitor ticks LATE_S late since the lane was last pinned
-        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+        self._locks = LoopLocks()
         self.closed = False
         self._stalled = False  # set by the stall watchdog
 
@@ -78,10 +78,7 @@ class Runtime:
     def lock(self) -> asyncio.Lock:
         """One operation at a time per pool; one lock per event loop (a lock is bound to the
         loop that first waited on it, and sync code may call ``asyncio.run`` more than once)."""
-        loop = asyncio.get_running_loop()
-        for old in [lp for lp in self._locks if lp.is_closed()]:
-            del self._locks[old]
-        return self._locks.setdefault(loop, asyncio.Lock())
+        return self._locks.current()
 
     # -- executors ----------------------------------------------------------------------
     def executor(self) -> Offload:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..blocking import run_blocking
+from ..blocking import LoopLocks, run_blocking
 from ..engine.pipeline import unwrap_group
 from ..pool import PAGE, close_mapping, private_mapping
 from .arrays import SaveTensor
@@ -41,16 +41,13 @@ class StagingArea:
     def __init__(self) -> None:
         self._map: mmap.mmap | None = None
         self.pending: StagedSave | None = None  # the background write using the area
-        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+        self._locks = LoopLocks()
 
     @property
     def lock(self) -> asyncio.Lock:
         """Held while a save copies into the area; one per event loop (a lock is bound to the
         loop that first waited on it, and sync code may call ``asyncio.run`` more than once)."""
-        loop = asyncio.get_running_loop()
-        for old in [lp for lp in self._locks if lp.is_closed()]:
-            del self._locks[old]
-        return self._locks.setdefault(loop, asyncio.Lock())
+        return self._locks.current()
 
     @contextlib.asynccontextmanager
     async def claimed(self) -> AsyncIterator[None]:
