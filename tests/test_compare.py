@@ -148,7 +148,7 @@ def test_injected_30_percent_slowdown_is_flagged(tmp_path: Path) -> None:
     proc = compare(str(a), str(b), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     found = verdicts(proc.stdout)
-    assert found["throughput (end to end)"] == "WORSE"
+    assert found["throughput (open to end)"] == "WORSE"
     assert found["duration"] == "WORSE"
     assert found["write/read latency p99"] == "WORSE"
     assert found["event-loop lag p99"] == NO_DIFFERENCE  # not touched by the slowdown
@@ -158,14 +158,14 @@ def test_injected_30_percent_slowdown_is_flagged(tmp_path: Path) -> None:
     assert compare(str(a), str(b), "--fail-on-regression", cwd=tmp_path).returncode == 1
     # the other way round it is an improvement, not a regression
     faster = verdicts(compare(str(b), str(a), cwd=tmp_path).stdout)
-    assert faster["throughput (end to end)"] == "better"
+    assert faster["throughput (open to end)"] == "better"
 
 
 def test_too_few_runs_get_no_verdict(tmp_path: Path) -> None:
     a3 = recorded(tmp_path / "a3.json", seed=1, runs=3)
     b3 = recorded(tmp_path / "b3.json", seed=2, runs=3, slowdown=1.3)
     found = verdicts(compare(str(a3), str(b3), cwd=tmp_path).stdout)
-    assert found["throughput (end to end)"].startswith(
+    assert found["throughput (open to end)"].startswith(
         "no verdict: n=3 vs 3 is too few for 95% confidence over 7 metric(s) (need 6+ each)"
     )
     a1 = recorded(tmp_path / "a1.json", seed=1, runs=1)
@@ -178,7 +178,7 @@ def test_files_pooled_with_commas_give_the_rank_test_enough_runs(tmp_path: Path)
     slow = recorded(tmp_path / "slow.json", seed=2, runs=6, slowdown=1.3)
     proc = compare(",".join(parts), str(slow), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert verdicts(proc.stdout)["throughput (end to end)"] == "WORSE"
+    assert verdicts(proc.stdout)["throughput (open to end)"] == "WORSE"
     assert "(n=6)" in proc.stdout
 
 

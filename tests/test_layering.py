@@ -35,11 +35,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "blocking",
         "cpu",
         "priority",
-        "pool",
         "owner",
         "deprecated",
         "moved",
     ),
+    ("pool",),  # faults its pages in through blocking.run_blocking
     ("env",),
     ("results",),
     ("node",),

@@ -31,7 +31,7 @@ class Metric:
 
 
 SINGLE_METRICS = (
-    Metric("throughput_bps", "throughput (end to end)", "GB/s", True),
+    Metric("throughput_bps", "throughput (open to end)", "GB/s", True),
     Metric("wall_s", "duration", "s", False),
     Metric("io_bps", "I/O rate", "GB/s", True),
     Metric("io_p50", "write/read latency p50", "ms", False),

@@ -105,7 +105,7 @@ def throughput(plt: Any, r: Mapping[str, Any], i: int) -> Any:
     fig, ax = plt.subplots(figsize=(10, 3.5))
     rates = [b / width / 1e9 for b in totals]
     ax.step([k * width for k in range(bins + 1)], [*rates, rates[-1]], where="post", label="per window")
-    ax.axhline(r["throughput_bps"] / 1e9, color="gray", linestyle="--", label="end to end")
+    ax.axhline(r["throughput_bps"] / 1e9, color="gray", linestyle="--", label="open to end")
     ax.set_xlabel("seconds")
     ax.set_ylabel("GB/s completed")
     ax.set_title(f"Throughput over time ({width * 1e3:.0f} ms windows): {_title(r, i)}")

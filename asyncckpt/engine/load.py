@@ -28,7 +28,7 @@ from .header import state_manifest
 from .loader import LoadState, check_size, identity_note, label_loads, stream_views, verify_mode
 from .manifest import Manifest, manifest_uri, read_manifest
 from .monitor import LoopMonitor, now
-from .runinfo import run_fields
+from .runinfo import run_fields, with_setup
 from .runtime import Runtime
 from .seal import read_sealed
 from .verify import Verifier, make_verifier
@@ -69,6 +69,11 @@ class LoadStream:
         if self._state.result is None:
             raise RuntimeError("the load has not finished: consume every view first")
         return self._state.result
+
+    @property
+    def lock_wait_s(self) -> float:
+        """How long the load waited for the checkpointer's lock (not setup: another call ran)."""
+        return self._state.lock_wait_s
 
 
 def _writable(into: object) -> memoryview:
@@ -171,13 +176,14 @@ async def read(
 ) -> LoadResult:
     """Stream ``uri`` through ``take`` (each view valid only during the call) and return the
     measurement: the body of ``load`` and of the state loads."""
+    started = now()
     stream = open_stream(
         rt, storage, uri, verify, num_readers, read_chunk_size, defeat_cache, progress, known, into_size
     )
     async with stream:
         async for view in stream:
             await take(view)
-    return stream.result
+    return with_setup(stream.result, now() - started - stream.lock_wait_s)
 
 
 def read_args(
@@ -261,7 +267,9 @@ async def _iterate(
     closing: list[Sink] = []
     verifier: Verifier | None = None
     try:
+        t_lock = now()
         async with rt.lock:
+            state.lock_wait_s = now() - t_lock
             # capability, not type: a writer process reads into the shared arena, not pipe messages
             isolated = sink.uses_shared_arena
             pool = await rt.pool(shared=isolated)

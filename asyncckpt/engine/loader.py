@@ -53,6 +53,7 @@ class LoadState:
     manifest: Manifest | None = None
     size: int = 0
     open_s: float = 0.0
+    lock_wait_s: float = 0.0  # waiting for the checkpointer's lock (another save or load)
     records: list[ReadRecord] = field(default_factory=list)
     verify_mode: VerifyMode = "none"
     regen_s: float = 0.0

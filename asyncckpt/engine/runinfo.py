@@ -4,18 +4,19 @@ fields a save's and a load's result share."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.metadata
 import platform
 import socket
 from collections.abc import Sequence
 from dataclasses import asdict
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from ..cpu import SCOPE_PROCESS, SCOPE_WITH_WRITER
 from ..node.topology import ThreadBudget
 from ..results.metrics import Timed, percentiles
-from ..results.records import RunMetadata, RunSetup
+from ..results.records import RunMetadata, RunResult, RunSetup
 from .monitor import LoopMonitor
 
 _PACKAGES = (
@@ -136,3 +137,12 @@ def environment_facts() -> dict[str, Any]:
         "python": platform.python_version(),
         "versions": package_versions(),
     }
+
+
+R = TypeVar("R", bound=RunResult)
+
+
+def with_setup(result: R, caller_s: float) -> R:
+    """``result`` with its ``setup_s``: what the caller's ``caller_s`` spent outside the timed
+    window (a fresh checkpointer's first save pays its handle and writer process there)."""
+    return dataclasses.replace(result, setup_s=max(0.0, caller_s - result.wall_s))

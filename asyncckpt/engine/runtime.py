@@ -214,11 +214,12 @@ class Runtime:
         """The buffer pool, built and pre-touched on first use; in shared memory when a writer
         process must see it (it then stays there)."""
         if shared and self._pool is not None and not isinstance(self._pool, SharedBufferPool):
+            await self._pool.faulted()
             await run_blocking(self.executor(), self._pool.close)
             self._pool = None
         if self._pool is None:
             pool = self.new_pool(shared)
-            await run_blocking(self.executor(), pool.touch)
+            pool.fault_in(self.executor())  # buffer by buffer, beside the save that needs them
             self._pool = pool
         return self._pool
 
@@ -229,6 +230,8 @@ class Runtime:
         executors: list[Executor] = [e for e in (self._executor, self._cpu) if e is not None]
         self._executor = self._cpu = None
         pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.faulted()  # no memset may run in a pool being unmapped
         if self._stalled:  # a stuck thread may still read the pool: unmapped when unused
             pool = None
         if executors or pool is not None:

@@ -28,7 +28,7 @@ from ..sources import CallerData, make_source
 from ..sources.base import Source
 from .monitor import LoopMonitor, now
 from .pipeline import PipelineTimes, ProgressFn, stream, stream_in_place, write_preallocated, write_whole
-from .runinfo import run_fields
+from .runinfo import run_fields, with_setup
 from .runtime import Runtime
 from .seal import sealer_for
 
@@ -53,6 +53,7 @@ async def save_object(
     staging area) and ``expect_crc32c`` its chunk CRCs, so it is written from where it lies (no
     pool, no copy, no second checksum) unless a writer process needs the bytes in its arena.
     """
+    started = now()
     modes.parse("method", method, modes.SaveMethod, fold=False)
     if size is None:
         if data is None or not hasattr(data, "__len__"):
@@ -68,7 +69,9 @@ async def save_object(
     sink = await storage.handle(os.fspath(uri))
     sink.check()
     try:
+        t_lock = now()
         async with rt.lock:  # one save at a time per pool
+            lock_wait = now() - t_lock
             source = make_source(cfg.generator, size, seed=cfg.seed, threads=rt.budget.threads, data=data)
             facts, b = source.describe(), rt.budget
             log.info(
@@ -87,7 +90,8 @@ async def save_object(
             )
             try:
                 placed = data if in_place and isinstance(data, memoryview) else None
-                return await _save(rt, sink, source, size, method, progress, expect_crc32c, placed)
+                result = await _save(rt, sink, source, size, method, progress, expect_crc32c, placed)
+                return with_setup(result, now() - started - lock_wait)
             finally:
                 source.close()
                 await sink.aclose()

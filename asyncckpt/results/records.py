@@ -92,6 +92,15 @@ class RunResult(ABC):
     writer_cpu_s: float | None = None  # the writer process (isolation), None when there is none
     cpu_scope: str = ""  # what cpu_total_s covers: "process" or "process+writer"
     cpu_stages_s: dict[str, float] = field(default_factory=dict)  # thread CPU per measured stage
+    # the call's time outside the timed window (handle, writer process start, pool mapping,
+    # waiting for its result; lock waits excluded): wall_s + setup_s is the caller's clock.
+    # None in files written before 2.6
+    setup_s: float | None = None
+
+    @property
+    def caller_s(self) -> float:
+        """The caller's clock: the timed window plus the setup around it."""
+        return self.wall_s + (self.setup_s or 0.0)
 
     @property
     @abstractmethod
@@ -158,6 +167,7 @@ class RunResult(ABC):
             "cpu_total_s": self.cpu_total_s,
             "cpu_s_per_gb": self.cpu_s_per_gb,
             "cpu_stages_s_per_gb": self.cpu_stages_s_per_gb,
+            "caller_s": self.caller_s,
         }
 
     def to_dict(self, *, include_records: bool = False) -> dict[str, Any]:
@@ -384,7 +394,8 @@ def _save_text(r: SaveResult) -> str:
         RULE,
         f"{r.operation.upper()} {r.method}: {gib(r.size_bytes)} → {m.uri} [{m.backend}]",
         RULE,
-        f"Throughput:        {gbps(r.throughput_bps)}  ({gib(r.size_bytes)} in {r.wall_s:.3f} s, end to end)",
+        _throughput_line(r),
+        _setup_line(r),
         f"Generation:        {r.gen_s:.3f} s @ {gbps(d['gen_bps'])}  (pure fill time)",
         _checksum_line(r, d),
         f"I/O:               {r.io_s:.3f} s @ {gbps(d['io_bps'])}",
@@ -413,6 +424,19 @@ def _save_text(r: SaveResult) -> str:
     return "\n".join(lines + format_endpoints(m.extra))
 
 
+def _throughput_line(r: RunResult) -> str:
+    """The timed window's rate: from opening the object to its publication or last byte."""
+    window = f"{gib(r.size_bytes)} in {r.wall_s:.3f} s, open to end"
+    return f"Throughput:        {gbps(r.throughput_bps)}  ({window})"
+
+
+def _setup_line(r: RunResult) -> str:
+    """The caller's clock beside the timed window: a first save's setup is not hidden."""
+    if r.setup_s is None:
+        return "Setup:             not recorded (a file older than 2.6)"
+    return f"Setup:             {r.setup_s:.3f} s outside that window; caller's clock {r.caller_s:.3f} s"
+
+
 def _load_text(r: LoadResult) -> str:
     """The results block of one load: reads, verification and the caller kept apart."""
     m, d, x = r.metadata, r.to_dict(), r.metadata.extra
@@ -424,7 +448,8 @@ def _load_text(r: LoadResult) -> str:
         RULE,
         f"LOAD: {gib(r.size_bytes)} ← {m.uri} [{m.backend}]",
         RULE,
-        f"Throughput:        {gbps(r.throughput_bps)}  ({gib(r.size_bytes)} in {r.wall_s:.3f} s, end to end)",
+        _throughput_line(r),
+        _setup_line(r),
         f"Read (I/O):        {r.read_s:.3f} s @ {gbps(d['read_bps'])}"
         f"  ({m.max_in_flight} reader(s) × {mib(m.chunk_size)})",
         f"Verify:            {verify}: {r.verify_s:.3f} s @ {gbps(d['verify_bps'])}{regen}",

@@ -18,6 +18,8 @@ records the stages' CPU (``checksum_cpu_s``, ``verify_cpu_s``); 2.1 files read w
 2.4: and whether they ran only beside the event loop's CPU (``cpu_pinned``); null before.
 2.5: saves name their ``integrity`` (``crc32c``, or ``none``: no checksum was computed);
 older files read as ``crc32c``, the only mode they had.
+2.6: every result carries ``setup_s``, its time outside the timed window (derived
+``caller_s`` = ``wall_s`` + ``setup_s``); older files read it as null (not recorded).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-SCHEMA_VERSION = "2.5"
+SCHEMA_VERSION = "2.6"
 #: the majors this release reads: its own and the previous one
 READABLE_MAJORS = ("1", "2")
 SCHEMA_RESOURCE = "schemas/result.schema.json"
