@@ -7,8 +7,6 @@ The S3 objects are checked with an independent client (boto3), files by reading 
 from __future__ import annotations
 
 import asyncio
-import mmap
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ import pytest
 from asyncckpt import TargetNotFoundError
 from asyncckpt.servers.s3endpoint import S3Endpoint
 
-from .conftest import ROOT
+from .conftest import ROOT, payload
 from .plugins.s3servers import selected_kinds
 from .s3_harness import CHUNK, Target, in_child, new_bucket, run_child_suite, s3_backends
 
@@ -55,15 +53,8 @@ def target(request: pytest.FixtureRequest, executor: ThreadPoolExecutor, tmp_pat
     return Target(backend, executor, tmp_path, s3=s3, bucket=new_bucket(s3), options=s3.options())
 
 
-def payload(size: int) -> mmap.mmap:
-    """Random bytes in page-aligned memory, like the pool's buffers."""
-    buf = mmap.mmap(-1, size)
-    buf[:] = os.urandom(size)
-    return buf
-
-
 async def test_object_visible_only_after_complete_with_exact_bytes(target: Target) -> None:
-    data = payload(SIZE)
+    data = await payload(SIZE)
     sink = target.sink("obj")
     await sink.open(SIZE)
     view = memoryview(data)
@@ -77,7 +68,7 @@ async def test_object_visible_only_after_complete_with_exact_bytes(target: Targe
 
 
 async def test_concurrent_writes_out_of_order(target: Target) -> None:
-    data = payload(SIZE)
+    data = await payload(SIZE)
     sink = target.sink("ooo")
     await sink.open(SIZE)
     view = memoryview(data)
@@ -90,7 +81,7 @@ async def test_concurrent_writes_out_of_order(target: Target) -> None:
 
 
 async def test_abort_leaves_nothing(target: Target) -> None:
-    data = payload(SIZE)
+    data = await payload(SIZE)
     sink = target.sink("aborted")
     await sink.open(SIZE)
     view = memoryview(data)
@@ -103,7 +94,7 @@ async def test_abort_leaves_nothing(target: Target) -> None:
 
 
 async def test_small_object_below_one_part(target: Target) -> None:
-    data = payload(1000)
+    data = await payload(1000)
     sink = target.sink("small")
     await sink.open(1000)
     await sink.write_part(0, memoryview(data))
@@ -114,7 +105,7 @@ async def test_small_object_below_one_part(target: Target) -> None:
 
 
 async def test_read_into_size_and_delete(target: Target) -> None:
-    data = payload(SIZE)
+    data = await payload(SIZE)
     writer = target.sink("rd")
     await writer.open(SIZE)
     view = memoryview(data)
