@@ -47,6 +47,7 @@ MOVED: dict[str, str] = {
     "runinfo": "engine.runinfo",
     "schema": "results.schema",
     "seal": "engine.seal",
+    "sinks.s3.ahead": "sinks.objstore.ahead",
     "topology": "node.topology",
     "verify": "engine.verify",
     "watchdog": "sinks.watchdog",

@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import mmap
 import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -85,12 +87,12 @@ def quiet_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
-def run_bench(
+def run_python(
     *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m asyncckpt.bench ARGS`` in a fresh interpreter, from this checkout."""
+    """``python ARGS`` in a fresh interpreter that imports asyncckpt from this checkout."""
     return subprocess.run(
-        [sys.executable, "-m", "asyncckpt.bench", *args],
+        [sys.executable, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -99,10 +101,51 @@ def run_bench(
     )
 
 
+def run_bench(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python -m asyncckpt.bench ARGS`` in a fresh interpreter, from this checkout."""
+    return run_python("-m", "asyncckpt.bench", *args, cwd=cwd, env=env, timeout=timeout)
+
+
 async def generated(size: int, chunk_size: int, seed: int) -> bytes:
     """:func:`expected_bytes` for an async test: generated in a thread, not on the loop the
     guard watches (tens of MiB, and the first call in a process starts dgen-py's pool)."""
     return await asyncio.to_thread(expected_bytes, size, chunk_size, seed)
+
+
+def random_mapping(size: int) -> mmap.mmap:
+    """Random bytes in page-aligned memory, like the pool's buffers."""
+    buf = mmap.mmap(-1, size)
+    buf[:] = os.urandom(size)
+    return buf
+
+
+async def payload(size: int) -> mmap.mmap:
+    """:func:`random_mapping` for an async test, made in a thread: 2 MiB of ``os.urandom`` held a
+    loaded machine's loop for 0.24-0.41 s."""
+    return await asyncio.to_thread(random_mapping, size)
+
+
+def flip_byte(path: Path, offset: int, mask: int = 0xFF) -> None:
+    """Corrupt the file at ``path`` in place: the byte at ``offset`` XOR ``mask``."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ mask]))
+
+
+async def save_span(proc: subprocess.Popen[str]) -> float:
+    """Seconds from a child's first line (its save has started) to its exit, which must be a
+    success: how long a save takes, to choose kill instants inside it."""
+    assert proc.stdout is not None
+    await asyncio.to_thread(proc.stdout.readline)
+    t0 = time.perf_counter()
+    await asyncio.to_thread(proc.wait, 60)
+    span = time.perf_counter() - t0
+    assert proc.returncode == 0
+    return span
 
 
 def checkpoint_data(raw: bytes) -> bytes:

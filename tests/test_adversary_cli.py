@@ -36,7 +36,7 @@ from asyncckpt import AsyncCheckpointer, CheckpointConfig, ConfigError
 from asyncckpt.bench.subcommands import SUBCOMMANDS, NotYet
 from asyncckpt.sinks import BACKENDS
 
-from .conftest import ROOT, mounted, run_bench
+from .conftest import ROOT, mounted, run_bench, run_python
 from .test_cleanup import dead_pid, temp
 from .test_dlio_run import write_config
 
@@ -188,14 +188,7 @@ asyncio.run(main())
 def test_a_script_without_the_main_guard_is_told_so(tmp_path: Path, method: str) -> None:
     script = tmp_path / "train.py"
     script.write_text(UNGUARDED.format(method=method, target=str(tmp_path / "ck.bin")))
-    run = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    run = run_python(str(script), cwd=tmp_path)
     assert run.returncode != 0
     assert "bootstrapping phase" not in run.stderr, run.stderr
     said = [line for line in run.stderr.splitlines() if 'if __name__ == "__main__":' in line]

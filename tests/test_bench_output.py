@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from .conftest import mount, run_bench
+from .conftest import mounted, run_bench
 
 bench = run_bench
 
@@ -25,14 +24,8 @@ def test_bad_json_path_is_refused_before_the_run(tmp_path: Path, where: str) -> 
 
 
 def test_json_into_read_only_directory_is_refused(tmp_path: Path) -> None:
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    if not mount(ro, "tmpfs", "ro,size=1m"):
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    try:
+    with mounted(tmp_path / "ro", "tmpfs", "ro,size=1m") as ro:
         proc = bench(str(tmp_path / "c.bin"), "--size", "8MiB", "--json", str(ro / "r.json"), cwd=tmp_path)
-    finally:
-        subprocess.run(["umount", str(ro)], check=True)
     assert proc.returncode == 2, proc.stderr
     assert "not writable" in proc.stderr and proc.stderr.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ro"]

@@ -16,7 +16,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from asyncckpt.owner import parse_temp
 from asyncckpt.units import MiB
 
 from .cancel_points import cancel_everywhere
-from .conftest import ROOT
+from .conftest import ROOT, save_span
 
 CHILD = Path(__file__).with_name("crash_child.py")
 CHUNK = 1 * MiB
@@ -130,13 +129,7 @@ async def check_aside(aside: Path, target: Path, pid: int, published: str) -> No
 async def test_sigkill_at_random_instants_leaves_old_or_new(tmp_path: Path) -> None:
     target = tmp_path / "ck.bin"
     await save(target, SIZE_A, SEED_A)
-    proc = child(target, "none", 0)  # calibrate: how long a save takes once started
-    assert proc.stdout is not None
-    await asyncio.to_thread(proc.stdout.readline)
-    t0 = time.perf_counter()
-    await asyncio.to_thread(proc.wait, 60)
-    span = time.perf_counter() - t0
-    assert proc.returncode == 0
+    span = await save_span(child(target, "none", 0))  # calibrate: how long a save takes once started
     seen = set()
     for delay in random.Random(1234).sample(range(1000), INSTANTS):
         await save(target, SIZE_A, SEED_A)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,6 +21,8 @@ from asyncckpt.sinks.s3.endpoints import (
     rank_endpoint,
     validate_endpoint,
 )
+
+from . import moto_multi
 
 MiB = 1 << 20
 
@@ -108,22 +108,8 @@ def test_failover_errors_are_recognised_through_causes() -> None:
 @pytest.fixture(scope="module")
 def moto_endpoints() -> Iterator[list[str]]:
     """Three moto endpoints sharing one store, in a child process."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.moto_multi", "3"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
-    assert proc.stdout is not None and proc.stdin is not None
-    line = proc.stdout.readline()
-    assert line.startswith("ENDPOINTS "), line
-    try:
-        yield line.split()[1].split(",")
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=10)
+    with moto_multi.started(3) as urls:
+        yield urls
 
 
 class Proxy:

@@ -1,4 +1,4 @@
-"""The generating thread of an append stream (asyncckpt/sinks/s3/ahead.py): chunks are made
+"""The generating thread of an append stream (asyncckpt/sinks/objstore/ahead.py): chunks are made
 in order, back to back, by one thread of their own, at most AHEAD of the requests; a request
 collects its chunk's CRC32C; a failure reaches the chunk's request and every later one; stop
 ends both threads and returns every chunk's memory, collected or not.
@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import crc32c
 import pytest
 
-from asyncckpt.sinks.s3.ahead import AHEAD, Ahead, Placed
+from asyncckpt.sinks.objstore.ahead import AHEAD, Ahead, Placed
 
 N = 64 * 1024
 LAYOUT = [(i * N, N) for i in range(6)] + [(6 * N, 99)]

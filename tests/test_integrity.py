@@ -21,7 +21,7 @@ from asyncckpt.engine.seal import locate, unseal
 from asyncckpt.errors import ChecksumMismatchError, IntegrityError, ManifestError, UnverifiableError
 from asyncckpt.units import MiB
 
-from .conftest import generated, run_bench
+from .conftest import flip_byte, generated, run_bench
 
 CHUNK = 1 * MiB
 SIZE = 3 * CHUNK + 4099  # a short last chunk: the footer follows it
@@ -40,14 +40,6 @@ def sealed_json(path: Path) -> dict[str, Any]:
     offset, length = found
     doc: dict[str, Any] = json.loads(raw[offset : offset + length])
     return doc
-
-
-def flip_byte(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
 
 
 @pytest.mark.parametrize("value", ["md5", "CRC32C", "", None, True])

@@ -449,6 +449,22 @@ def test_storage_is_asked_by_capability_outside_sinks() -> None:
     assert not problems, report("storage asked by name or scheme outside sinks/", problems)
 
 
+#: store-generic packages and the store-specific packages they must not know
+STORE_GENERIC = {"asyncckpt.sinks.objstore": ("asyncckpt.sinks.s3",)}
+
+
+def test_the_object_store_protocols_know_no_store() -> None:
+    """An Azure or GCS sink reuses ``sinks/objstore/`` only if nothing there leans on S3."""
+    assert any(m.startswith("asyncckpt.sinks.objstore.") for m in MODULES)
+    problems = [
+        f"{i.where}: {i.importer} imports {i.target}"
+        for generic, specific in STORE_GENERIC.items()
+        for i in IMPORTS
+        if i.importer.startswith(generic) and i.target.startswith(specific)
+    ]
+    assert not problems, report("store-generic modules importing a store", problems)
+
+
 def test_core_modules_import_neither_the_cli_nor_the_servers() -> None:
     modules = core_modules()
     assert {"asyncckpt.checkpointer", "asyncckpt.engine.pipeline", "asyncckpt.sinks.file"} <= set(modules)

@@ -6,6 +6,7 @@ import asyncio
 import ctypes
 import mmap
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -214,6 +215,21 @@ async def test_preallocate_save_has_a_manifest_too(tmp_path: Path) -> None:
     assert saved.checksum_s > 0 and result.size_bytes == 3 * CHUNK + 5
 
 
+async def save_then_cancel_a_reader(
+    ckpt: AsyncCheckpointer,
+    target: Path,
+    consume: Callable[[AsyncCheckpointer], Awaitable[None]],
+    got_one: asyncio.Event,
+) -> None:
+    """Save 20 chunks at ``target``, start ``consume``, cancel it once it holds a view."""
+    await ckpt.save(target, 20 * CHUNK)
+    task = asyncio.create_task(consume(ckpt))
+    await got_one.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 async def test_cancel_mid_load_cleans_up(tmp_path: Path, leak_check: None) -> None:
     target = tmp_path / "c.bin"
     got_one = asyncio.Event()
@@ -226,12 +242,7 @@ async def test_cancel_mid_load_cleans_up(tmp_path: Path, leak_check: None) -> No
                 await release.wait()  # a slow caller: reads in flight or done, buffers held
 
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3, seed=4) as ckpt:
-        await ckpt.save(target, 20 * CHUNK)
-        task = asyncio.create_task(consume(ckpt))
-        await got_one.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await save_then_cancel_a_reader(ckpt, target, consume, got_one)
         pool = ckpt.runtime.pool_now
         assert pool is not None and pool.stats().free == 3
         assert (await ckpt.load(target)).chunks == 20  # lock and pool usable again
@@ -258,12 +269,7 @@ async def test_plain_async_for_cancelled_releases_the_pool_soon(tmp_path: Path) 
             await asyncio.Event().wait()
 
     async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3, seed=4) as ckpt:
-        await ckpt.save(target, 20 * CHUNK)
-        task = asyncio.create_task(consume(ckpt))
-        await got_one.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await save_then_cancel_a_reader(ckpt, target, consume, got_one)
         result = await asyncio.wait_for(ckpt.load(target), timeout=30)  # waits for the lock, not forever
         assert result.chunks == 20
 

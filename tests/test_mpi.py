@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from . import moto_multi
 from .conftest import checkpoint_data, expected_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,19 +139,7 @@ def test_two_ranks_to_s3_with_one_endpoint_per_rank(tmp_path: Path) -> None:
         pytest.skip(reason)
     import boto3
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.moto_multi", "2"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        cwd=ROOT,
-    )
-    assert proc.stdout is not None and proc.stdin is not None
-    line = proc.stdout.readline()
-    try:
-        assert line.startswith("ENDPOINTS "), line
-        urls = line.split()[1].split(",")
+    with moto_multi.started(2) as urls:
         creds = {
             "aws_access_key_id": "testing",
             "aws_secret_access_key": "testing",
@@ -176,9 +165,6 @@ def test_two_ranks_to_s3_with_one_endpoint_per_rank(tmp_path: Path) -> None:
             body = s3.get_object(Bucket="mpi", Key=f"run1/rank{rank:05d}.bin")["Body"].read()
             assert len(checkpoint_data(body)) == size
         assert saves(report)[0]["checkpoints"][0]["total_bytes"] == 2 * size
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=10)
 
 
 def test_save_then_load_phases_when_the_load_path_exists(tmp_path: Path) -> None:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).parent.parent / "README.md"
+from .conftest import ROOT, run_python
+
+README = ROOT / "README.md"
 BLOCKS = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.S | re.M)
 
 
@@ -24,14 +23,7 @@ def test_readme_example_runs_as_written(index: int, tmp_path: Path) -> None:
     script.write_text(BLOCKS[index])
     scratch = tmp_path / "tmp"  # where the example's temporary directory goes
     scratch.mkdir()
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env={**os.environ, "TMPDIR": str(scratch), "PYTHONPATH": str(README.parent)},
-    )
+    proc = run_python(str(script), cwd=tmp_path, env={"TMPDIR": str(scratch)})
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stdout.strip()  # it shows something

@@ -6,9 +6,7 @@ root ignores directory permissions, so a chmod'ed directory would not refuse any
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 from asyncckpt import AsyncCheckpointer, AsyncCkptError, StoragePermissionError
 from asyncckpt.units import MiB
 
-from .conftest import files_in, mount, mounted
+from .conftest import files_in, mounted, run_bench
 
 CHUNK = 1 * MiB
 
@@ -51,20 +49,8 @@ async def test_save_to_read_only_fs_raises_permission_error_and_keeps_old(rw_tmp
 
 
 def test_bench_on_read_only_fs_prints_one_line(tmp_path: Path) -> None:
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    if not mount(mnt, "tmpfs", "ro,size=1m"):
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "asyncckpt.bench", str(mnt / "x.bin"), "--size", "4MiB", "-q"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "PYTHONPATH": os.getcwd()},
-        )
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+    with mounted(tmp_path / "ro", "tmpfs", "ro,size=1m") as mnt:
+        proc = run_bench(str(mnt / "x.bin"), "--size", "4MiB", "-q", cwd=tmp_path, timeout=60)
     assert proc.returncode == 2, proc.stderr  # bad input, refused before any I/O
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import boto3
 import pytest
 from botocore.config import Config
 
-from asyncckpt import AsyncCheckpointer, ConfigError
+from asyncckpt import AsyncCheckpointer, ConfigError, SaveResult
 from asyncckpt.bench.cli import build_parser, plan_from_args
 from asyncckpt.engine.seal import tail_read_size
 from asyncckpt.sinks.s3 import installed
@@ -186,20 +187,44 @@ async def test_failover_when_an_endpoint_is_cut_mid_upload(
     assert "retried elsewhere" in str(result)
 
 
-async def test_endpoint_uris_from_the_environment_reach_the_sink(
+@dataclass
+class FromEnv:
+    """The multi-endpoint moto, an independent client, and the environment the sinks read."""
+
+    endpoints: list[str]
+    boto: Any
+    env: pytest.MonkeyPatch
+
+
+@pytest.fixture
+def from_env(
     moto_endpoints: list[str],  # noqa: F811
     boto: Any,
     clean_env: pytest.MonkeyPatch,
-) -> None:
-    clean_env.setenv("S3_ENDPOINT_URIS", ",".join(moto_endpoints))
-    clean_env.setenv("S3_LOAD_BALANCE_STRATEGY", "least_connections")
-    bucket, size = await new_bucket(boto), 3 * CHUNK
-    async with ckpt("aiobotocore", options(), seed=6) as c:
-        result = await c.save(f"s3://{bucket}/env.bin", size)
-    assert checkpoint_data(await stored(boto, bucket, "env.bin")) == await generated(size, CHUNK, 6)
+) -> FromEnv:
+    return FromEnv(moto_endpoints, boto, clean_env)
+
+
+async def saved_with_endpoints(backend: str, e: FromEnv, seed: int, chunks: int) -> tuple[SaveResult, str]:
+    """(the result, its bucket) of a save of ``chunks`` chunks through ``backend`` with
+    ``S3_ENDPOINT_URIS`` naming the endpoints (the other variables as ``e.env`` holds them);
+    its stored data checked."""
+    e.env.setenv("S3_ENDPOINT_URIS", ",".join(e.endpoints))
+    boto = e.boto
+    bucket, size, name = await new_bucket(boto), chunks * CHUNK, f"{backend}.bin"
+    async with ckpt(backend, options(), seed=seed) as c:
+        result = await c.save(f"s3://{bucket}/{name}", size)
+    assert checkpoint_data(await stored(boto, bucket, name)) == await generated(size, CHUNK, seed)
+    return result, bucket
+
+
+async def test_endpoint_uris_from_the_environment_reach_the_sink(from_env: FromEnv) -> None:
+    from_env.env.setenv("S3_LOAD_BALANCE_STRATEGY", "least_connections")
+    result, _ = await saved_with_endpoints("aiobotocore", from_env, seed=6, chunks=3)
+    urls = from_env.endpoints
     x = result.metadata.extra
     assert x["endpoint_strategy"] == "least_connections"
-    assert list(per_endpoint(x)) == moto_endpoints
+    assert list(per_endpoint(x)) == urls
     assert x["settings_from"]["endpoints"] == "environment S3_ENDPOINT_URIS"
     assert SECRET_KEY not in repr(result.to_dict()) and SECRET_KEY not in str(result)
 
@@ -212,20 +237,13 @@ async def test_invalid_template_fails_before_any_io(clean_env: pytest.MonkeyPatc
 
 
 @pytest.mark.skipif(not installed("minio"), reason="minio is not installed (extra [minio])")
-async def test_minio_pins_one_endpoint_per_rank_and_refuses_per_part_strategies(
-    moto_endpoints: list[str],  # noqa: F811
-    boto: Any,
-    clean_env: pytest.MonkeyPatch,
-) -> None:
-    clean_env.setenv("S3_ENDPOINT_URIS", ",".join(moto_endpoints))
+async def test_minio_pins_one_endpoint_per_rank_and_refuses_per_part_strategies(from_env: FromEnv) -> None:
+    clean_env, boto, urls = from_env.env, from_env.boto, from_env.endpoints
     clean_env.setenv("OMPI_COMM_WORLD_RANK", "4")
     clean_env.setenv("OMPI_COMM_WORLD_SIZE", "5")
-    bucket, size = await new_bucket(boto), 2 * CHUNK
-    async with ckpt("minio", options(), seed=7) as c:
-        result = await c.save(f"s3://{bucket}/m.bin", size)
-    assert checkpoint_data(await stored(boto, bucket, "m.bin")) == await generated(size, CHUNK, 7)
+    result, bucket = await saved_with_endpoints("minio", from_env, seed=7, chunks=2)
     x = result.metadata.extra
-    assert x["endpoint_url"] == moto_endpoints[4 % 3]
+    assert x["endpoint_url"] == urls[4 % 3]
     assert x["endpoint_strategy"] == "rank (per-request balancing not supported by minio)"
     assert "endpoints" not in x and "rank (per-request" in str(result)
     clean_env.setenv("S3_LOAD_BALANCE_STRATEGY", "round_robin")

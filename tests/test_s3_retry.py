@@ -8,6 +8,7 @@ requests with the same buffer.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 
 import pytest
@@ -91,31 +92,33 @@ async def test_a_failed_range_read_is_retried(moto_endpoint: S3Endpoint, mode: s
     assert loaded.metadata.extra["retries"] >= 1
 
 
-async def test_a_persistent_slowdown_gives_up_after_max_attempts(moto_endpoint: S3Endpoint) -> None:
-    bucket = await asyncio.to_thread(new_bucket, moto_endpoint)
-    front = FaultyFront(moto_endpoint.endpoint, "busy", is_part, times=10**6)
+async def parts_tried(
+    ep: S3Endpoint, bucket: str, fault: str, attempts: int, raises: type[StorageError]
+) -> tuple[list[int], StorageError]:
+    """(the part numbers each request carried, the save's error) of a save whose every part
+    request the relay answers with ``fault``, with ``attempts`` tries per request."""
+    front = FaultyFront(ep.endpoint, fault, is_part, times=10**6)
     url = await front.start()
     try:
-        async with checkpointer(moto_endpoint.options(endpoint_url=url, max_attempts=2)) as ckpt:
-            with pytest.raises(StorageError, match=r"upload part \d+ of s3://.*SlowDown") as info:
-                await ckpt.save(f"s3://{bucket}/p.bin", 2 * CHUNK + 1)
+        async with checkpointer(ep.options(endpoint_url=url, max_attempts=attempts)) as ckpt:
+            with pytest.raises(raises) as info:
+                await ckpt.save(f"s3://{bucket}/{fault}.bin", 2 * CHUNK + 1)
     finally:
         await front.stop()
-    numbers = [part_number(line) for line in front.matched]
+    return [part_number(line) for line in front.matched], info.value
+
+
+async def test_a_persistent_slowdown_gives_up_after_max_attempts(moto_endpoint: S3Endpoint) -> None:
+    bucket = await asyncio.to_thread(new_bucket, moto_endpoint)
+    numbers, error = await parts_tried(moto_endpoint, bucket, "busy", 2, StorageError)
+    assert re.search(r"upload part \d+ of s3://.*SlowDown", str(error)), error
     assert max(numbers.count(n) for n in set(numbers)) == 2, numbers  # tried twice, then gave up
-    assert moto_endpoint.secret_key not in f"{info.value!s} {info.value!r}"
+    assert moto_endpoint.secret_key not in f"{error!s} {error!r}"
     assert await uploads(moto_endpoint, bucket) == []
 
 
 async def test_access_denied_is_never_retried(moto_endpoint: S3Endpoint) -> None:
     bucket = await asyncio.to_thread(new_bucket, moto_endpoint)
-    front = FaultyFront(moto_endpoint.endpoint, "deny", is_part, times=10**6)
-    url = await front.start()
-    try:
-        async with checkpointer(moto_endpoint.options(endpoint_url=url, max_attempts=5)) as ckpt:
-            with pytest.raises(StoragePermissionError, match="AccessDenied"):
-                await ckpt.save(f"s3://{bucket}/d.bin", 2 * CHUNK + 1)
-    finally:
-        await front.stop()
-    numbers = [part_number(line) for line in front.matched]
+    numbers, error = await parts_tried(moto_endpoint, bucket, "deny", 5, StoragePermissionError)
+    assert "AccessDenied" in str(error), error
     assert numbers and len(numbers) == len(set(numbers)), numbers  # each part tried once

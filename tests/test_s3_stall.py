@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -49,6 +50,18 @@ async def visible(ep: S3Endpoint, bucket: str) -> list[str]:
     return [o["Key"] for o in listing.get("Contents", [])]
 
 
+def watched(backend: str, isolation: str, options: dict[str, Any], stall_timeout: float) -> AsyncCheckpointer:
+    """A checkpointer of 3 buffers through ``backend`` whose watchdog fires after ``stall_timeout``."""
+    return AsyncCheckpointer(
+        chunk_size=CHUNK,
+        num_buffers=3,
+        backend=backend,
+        isolation=isolation,
+        backend_options=options,
+        stall_timeout=stall_timeout,
+    )
+
+
 @pytest.mark.parametrize(("backend", "isolation"), CASES, ids=["-".join(c) for c in CASES])
 async def test_stall_mid_part_fails_within_deadline(
     backend: str, isolation: str, moto_endpoint: S3Endpoint
@@ -59,14 +72,7 @@ async def test_stall_mid_part_fails_within_deadline(
     options = ep.options(endpoint_url=proxy.endpoint, request_timeout=60.0)  # the watchdog, not the client
     stalled_at = None
     try:
-        async with AsyncCheckpointer(
-            chunk_size=CHUNK,
-            num_buffers=3,
-            backend=backend,
-            isolation=isolation,
-            backend_options=options,
-            stall_timeout=STALL_S,
-        ) as ckpt:
+        async with watched(backend, isolation, options, STALL_S) as ckpt:
             with pytest.raises(StallError) as info:
                 await ckpt.save(f"s3://{bucket}/stall.bin", 8 * CHUNK)
             assert proxy.stalled.is_set()
@@ -133,6 +139,24 @@ def stall_reported_at(records: list[logging.LogRecord]) -> float:
     return next(r.created for r in records if "stalled: no storage call finished" in r.getMessage())
 
 
+async def stall_error(task: asyncio.Task[Any], proxy: TcpProxy) -> tuple[StallError, float]:
+    """(the task's StallError, when the relay stalled): the stall's instant is taken as soon as
+    the relay says it stopped, or the task ended first (a failure the assertion shows)."""
+    stall = asyncio.ensure_future(asyncio.to_thread(proxy.stalled.wait, 60))
+    await asyncio.wait([task, stall], return_when=asyncio.FIRST_COMPLETED)
+    stalled_at = time.time()
+    assert proxy.stalled.is_set(), task
+    with pytest.raises(StallError) as info:
+        await task
+    return info.value, stalled_at
+
+
+def assert_reported_in_time(records: list[logging.LogRecord], stalled_at: float) -> None:
+    after = stall_reported_at(records) - stalled_at
+    limit = TIMED_STALL_S * 1.25
+    assert after <= limit, f"reported {after:.2f} s after the stall (stall_timeout={TIMED_STALL_S:g} s)"
+
+
 async def paced(stalled: threading.Event) -> AsyncIterator[bytes]:
     """The object's chunks: the first two at once, the rest at PACE_S each after the stall."""
     for k in range(TIMED_CHUNKS):
@@ -157,31 +181,17 @@ async def test_stall_is_reported_after_stall_timeout_naming_a_sent_part(
     options = ep.options(endpoint_url=proxy.endpoint, request_timeout=60.0)  # the watchdog, not the client
     caplog.set_level(logging.ERROR, logger="asyncckpt")
     try:
-        async with AsyncCheckpointer(
-            chunk_size=CHUNK,
-            num_buffers=3,
-            backend=backend,
-            isolation=isolation,
-            backend_options=options,
-            stall_timeout=TIMED_STALL_S,
-        ) as ckpt:
+        async with watched(backend, isolation, options, TIMED_STALL_S) as ckpt:
             # the library imported, a writer process started: not inside the timed save's open
             await ckpt.save(f"s3://{bucket}/warm.bin", 4096)
             size = TIMED_CHUNKS * CHUNK
             source = paced(proxy.stalled) if data == "caller" else None
             task = asyncio.create_task(ckpt.save(f"s3://{bucket}/timed.bin", size, data=source))
-            stall = asyncio.ensure_future(asyncio.to_thread(proxy.stalled.wait, 60))
-            await asyncio.wait([task, stall], return_when=asyncio.FIRST_COMPLETED)
-            stalled_at = time.time()
-            assert proxy.stalled.is_set(), task
-            with pytest.raises(StallError) as info:
-                await task
+            error, stalled_at = await stall_error(task, proxy)
     finally:
         await asyncio.to_thread(proxy.cut)
-    after = stall_reported_at(caplog.records) - stalled_at
-    limit = TIMED_STALL_S * 1.25
-    assert after <= limit, f"reported {after:.2f} s after the stall (stall_timeout={TIMED_STALL_S:g} s)"
-    assert info.value.stage.startswith("write part 1 "), info.value.stage
+    assert_reported_in_time(caplog.records, stalled_at)
+    assert error.stage.startswith("write part 1 "), error.stage
     assert await visible(ep, bucket) == ["warm.bin"]
 
 
@@ -197,29 +207,15 @@ async def test_load_stall_is_reported_after_stall_timeout(
     options = ep.options(endpoint_url=proxy.endpoint, request_timeout=60.0)
     caplog.set_level(logging.ERROR, logger="asyncckpt")
     try:
-        async with AsyncCheckpointer(
-            chunk_size=CHUNK,
-            num_buffers=3,
-            backend=backend,
-            isolation=isolation,
-            backend_options=options,
-            stall_timeout=TIMED_STALL_S,
-        ) as ckpt:
+        async with watched(backend, isolation, options, TIMED_STALL_S) as ckpt:
             await ckpt.save(f"s3://{bucket}/back.bin", 6 * CHUNK)
             proxy.stall_after = proxy.sent + 1  # the load's first request body byte or head
             task = asyncio.create_task(ckpt.load(f"s3://{bucket}/back.bin"))
-            stall = asyncio.ensure_future(asyncio.to_thread(proxy.stalled.wait, 60))
-            await asyncio.wait([task, stall], return_when=asyncio.FIRST_COMPLETED)
-            stalled_at = time.time()
-            assert proxy.stalled.is_set(), task
-            with pytest.raises(StallError) as info:
-                await task
+            error, stalled_at = await stall_error(task, proxy)
     finally:
         await asyncio.to_thread(proxy.cut)
-    after = stall_reported_at(caplog.records) - stalled_at
-    limit = TIMED_STALL_S * 1.25
-    assert after <= limit, f"reported {after:.2f} s after the stall (stall_timeout={TIMED_STALL_S:g} s)"
-    assert info.value.stage.startswith(("stat", "open for reading", "read at offset")), info.value.stage
+    assert_reported_in_time(caplog.records, stalled_at)
+    assert error.stage.startswith(("stat", "open for reading", "read at offset")), error.stage
 
 
 @pytest.mark.skipif(in_child(), reason="this is the launcher of the child suites")

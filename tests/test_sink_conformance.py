@@ -7,11 +7,9 @@ The S3 objects are checked with an independent client (boto3), files by reading 
 from __future__ import annotations
 
 import asyncio
-import mmap
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,8 +17,9 @@ import pytest
 
 from asyncckpt import TargetNotFoundError
 from asyncckpt.servers.s3endpoint import S3Endpoint
+from asyncckpt.sinks import Sink
 
-from .conftest import ROOT
+from .conftest import ROOT, payload
 from .plugins.s3servers import selected_kinds
 from .s3_harness import CHUNK, Target, in_child, new_bucket, run_child_suite, s3_backends
 
@@ -55,46 +54,49 @@ def target(request: pytest.FixtureRequest, executor: ThreadPoolExecutor, tmp_pat
     return Target(backend, executor, tmp_path, s3=s3, bucket=new_bucket(s3), options=s3.options())
 
 
-def payload(size: int) -> mmap.mmap:
-    """Random bytes in page-aligned memory, like the pool's buffers."""
-    buf = mmap.mmap(-1, size)
-    buf[:] = os.urandom(size)
-    return buf
+async def opened(target: Target, name: str, size: int) -> tuple[Sink, memoryview]:
+    """A handle of ``name`` opened for ``size`` bytes, and random bytes to write."""
+    data = memoryview(await payload(size))
+    sink = target.sink(name)
+    await sink.open(size)
+    return sink, data
+
+
+async def write_in_order(sink: Sink, data: memoryview, check: Callable[[], Awaitable[None]]) -> None:
+    for offset in range(0, len(data), CHUNK):
+        await sink.write_part(offset, data[offset : offset + CHUNK])
+        await check()
+
+
+async def completed(target: Target, sink: Sink, name: str, data: memoryview) -> None:
+    """Nothing at ``name`` until ``complete``; then exactly ``data``, and the handle closed."""
+    assert await target.published(name) is None, "object visible before complete"
+    await sink.complete()
+    await sink.aclose()
+    assert await target.published(name) == bytes(data)
 
 
 async def test_object_visible_only_after_complete_with_exact_bytes(target: Target) -> None:
-    data = payload(SIZE)
-    sink = target.sink("obj")
-    await sink.open(SIZE)
-    view = memoryview(data)
-    for offset in range(0, SIZE, CHUNK):
-        await sink.write_part(offset, view[offset : offset + CHUNK])
+    sink, data = await opened(target, "obj", SIZE)
+
+    async def invisible() -> None:
         assert await target.published("obj") is None, "object visible before complete"
-    await sink.complete()
-    await sink.aclose()
-    assert await target.published("obj") == bytes(data)
+
+    await write_in_order(sink, data, invisible)
+    await completed(target, sink, "obj", data)
     assert await target.leftovers() == []
 
 
 async def test_concurrent_writes_out_of_order(target: Target) -> None:
-    data = payload(SIZE)
-    sink = target.sink("ooo")
-    await sink.open(SIZE)
-    view = memoryview(data)
+    sink, data = await opened(target, "ooo", SIZE)
     offsets = list(range(0, SIZE, CHUNK))[::-1]
-    await asyncio.gather(*(sink.write_part(o, view[o : o + CHUNK]) for o in offsets))
-    assert await target.published("ooo") is None
-    await sink.complete()
-    await sink.aclose()
-    assert await target.published("ooo") == bytes(data)
+    await asyncio.gather(*(sink.write_part(o, data[o : o + CHUNK]) for o in offsets))
+    await completed(target, sink, "ooo", data)
 
 
 async def test_abort_leaves_nothing(target: Target) -> None:
-    data = payload(SIZE)
-    sink = target.sink("aborted")
-    await sink.open(SIZE)
-    view = memoryview(data)
-    await sink.write_part(0, view[:CHUNK])
+    sink, data = await opened(target, "aborted", SIZE)
+    await sink.write_part(0, data[:CHUNK])
     await sink.abort()
     await sink.abort()  # idempotent
     await sink.aclose()
@@ -103,34 +105,28 @@ async def test_abort_leaves_nothing(target: Target) -> None:
 
 
 async def test_small_object_below_one_part(target: Target) -> None:
-    data = payload(1000)
-    sink = target.sink("small")
-    await sink.open(1000)
-    await sink.write_part(0, memoryview(data))
-    assert await target.published("small") is None
-    await sink.complete()
-    await sink.aclose()
-    assert await target.published("small") == bytes(data)
+    sink, data = await opened(target, "small", 1000)
+    await sink.write_part(0, data)
+    await completed(target, sink, "small", data)
+
+
+async def nothing() -> None:
+    pass
 
 
 async def test_read_into_size_and_delete(target: Target) -> None:
-    data = payload(SIZE)
-    writer = target.sink("rd")
-    await writer.open(SIZE)
-    view = memoryview(data)
-    for offset in range(0, SIZE, CHUNK):
-        await writer.write_part(offset, view[offset : offset + CHUNK])
-    await writer.complete()
-    await writer.aclose()
+    writer, data = await opened(target, "rd", SIZE)
+    await write_in_order(writer, data, nothing)
+    await completed(target, writer, "rd", data)
 
     sink = target.sink("rd")
     assert await sink.size() == SIZE
     buf = bytearray(4096)
     start = CHUNK - 1000  # across a part boundary
     assert await sink.read_into(start, memoryview(buf)) == 4096
-    assert bytes(buf) == data[start : start + 4096]
+    assert bytes(buf) == bytes(data[start : start + 4096])
     assert await sink.read_into(SIZE - 10, memoryview(buf)) == 10
-    assert bytes(buf[:10]) == data[SIZE - 10 :]
+    assert bytes(buf[:10]) == bytes(data[SIZE - 10 :])
     assert await sink.read_into(SIZE, memoryview(buf)) == 0
     await sink.delete()
     await sink.delete()  # absent: no error

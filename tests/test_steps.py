@@ -295,16 +295,21 @@ async def s3_keys(ep: S3Endpoint, bucket: str) -> list[str]:
     return sorted(o["Key"] for o in listed.get("Contents", []))
 
 
+async def step_1_denied(ep: S3Endpoint) -> tuple[FaultyFront, dict[str, Any]]:
+    """A started relay in front of ``ep`` that denies every object PUT of step 1, and manager
+    options (aiobotocore) that go through it."""
+    front = FaultyFront(ep.endpoint, "deny", lambda line: line.startswith("PUT ") and "/step-1/rank-" in line)
+    url = await front.start()
+    options: dict[str, Any] = {"chunk_size": CHUNK, "num_buffers": 3, "backend": "aiobotocore"}
+    options["backend_options"] = ep.options(endpoint_url=url)
+    return front, options
+
+
 async def test_manager_raises_a_failed_save_and_cleans_its_step(moto_endpoint: S3Endpoint) -> None:
     """Issue 25 item 12: ``wait()`` raises the background failure, the failed step's records are
     gone in this process, and the manager goes on saving."""
     bucket = await asyncio.to_thread(new_bucket, moto_endpoint)
-    front = FaultyFront(
-        moto_endpoint.endpoint, "deny", lambda line: line.startswith("PUT ") and "/step-1/rank-" in line
-    )
-    url = await front.start()
-    options: dict[str, Any] = {"chunk_size": CHUNK, "num_buffers": 3, "backend": "aiobotocore"}
-    options["backend_options"] = moto_endpoint.options(endpoint_url=url)
+    front, options = await step_1_denied(moto_endpoint)
     root = f"s3://{bucket}/run"
     try:
         async with CheckpointManager(root, **options) as mgr:
@@ -324,12 +329,7 @@ async def test_manager_raises_a_failed_save_and_cleans_its_step(moto_endpoint: S
 
 async def test_manager_aclose_raises_a_failure_not_yet_raised(moto_endpoint: S3Endpoint) -> None:
     bucket = await asyncio.to_thread(new_bucket, moto_endpoint)
-    front = FaultyFront(
-        moto_endpoint.endpoint, "deny", lambda line: line.startswith("PUT ") and "/step-1/rank-" in line
-    )
-    url = await front.start()
-    options: dict[str, Any] = {"chunk_size": CHUNK, "num_buffers": 3, "backend": "aiobotocore"}
-    options["backend_options"] = moto_endpoint.options(endpoint_url=url)
+    front, options = await step_1_denied(moto_endpoint)
     try:
         with pytest.raises(StoragePermissionError):
             async with CheckpointManager(f"s3://{bucket}/run", **options) as mgr:

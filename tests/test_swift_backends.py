@@ -41,12 +41,17 @@ def listing(ep: S3Endpoint, bucket: str) -> tuple[list[str], list[str]]:
     return objects, uploads
 
 
+@pytest.fixture
+def swift(swift_endpoint: S3Endpoint) -> tuple[S3Endpoint, str]:
+    """The Swift endpoint and a new bucket on it (made here, off the test's loop)."""
+    return swift_endpoint, new_bucket(swift_endpoint)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_save_load_verify_many_parts_then_overwrite_and_delete(
-    backend: str, swift_endpoint: S3Endpoint
+    backend: str, swift: tuple[S3Endpoint, str]
 ) -> None:
-    ep = swift_endpoint
-    bucket = await asyncio.to_thread(new_bucket, ep)
+    ep, bucket = swift
     uri, size = f"s3://{bucket}/many.bin", MANY * PART
     async with checkpointer(backend, ep, seed=21) as ckpt:
         saved = await ckpt.save(uri, size)
@@ -68,10 +73,9 @@ async def test_save_load_verify_many_parts_then_overwrite_and_delete(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_failure_mid_save_aborts_and_publishes_nothing(
-    backend: str, swift_endpoint: S3Endpoint
+    backend: str, swift: tuple[S3Endpoint, str]
 ) -> None:
-    ep = swift_endpoint
-    bucket = await asyncio.to_thread(new_bucket, ep)
+    ep, bucket = swift
     written = 0
 
     def fail_after_two_chunks(nbytes: int) -> None:

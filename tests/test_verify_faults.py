@@ -13,7 +13,7 @@ from asyncckpt.errors import ChecksumMismatchError, ManifestError, ManifestMissi
 from asyncckpt.sinks import MEMORY_STORE
 from asyncckpt.units import MiB
 
-from .conftest import to_legacy
+from .conftest import flip_byte, to_legacy
 
 CHUNK = 1 * MiB
 SIZE = 5 * CHUNK + 4321
@@ -37,11 +37,7 @@ async def load(target: Path | str, **kwargs: object) -> None:
 
 
 def flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x40]))
+    flip_byte(path, offset, 0x40)
 
 
 async def test_clean_checkpoint_passes_both_checks(tmp_path: Path) -> None:

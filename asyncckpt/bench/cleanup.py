@@ -9,6 +9,12 @@ from ..sinks.leftovers import Leftover, find, remove
 from ..units import parse_duration
 from .parsing import Parser
 
+CLEANUP = (
+    "List and remove what dead saves left: temporary files in a directory, pending multipart uploads "
+    "under an s3:// prefix (credentials and endpoint from AWS_* variables). Without --older-than only "
+    "temporaries of dead processes on this host are removed."
+)
+
 
 def _age(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -18,12 +24,7 @@ def _age(seconds: float) -> str:
 
 
 def cleanup_parser() -> Parser:
-    p = Parser(
-        prog="python -m asyncckpt.bench cleanup",
-        description="List and remove what dead saves left: temporary files in a directory, pending "
-        "multipart uploads under an s3:// prefix (credentials and endpoint from AWS_* variables). "
-        "Without --older-than only temporaries of dead processes on this host are removed.",
-    )
+    p = Parser.subcommand("cleanup", CLEANUP)
     p.add_argument("target", help="a directory, a checkpoint path, or s3://bucket/prefix")
     p.add_argument("--older-than", default=None, help="also remove leftovers of unknown owner this old (1h)")
     p.add_argument("--dry-run", action="store_true", help="list only")

@@ -9,7 +9,7 @@ write DLIO's checkpoint layout (:mod:`.dlio_layout`) instead of one shard per ra
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,11 +105,8 @@ def parse_workload(data: object, path: str = "<config>") -> WorkloadConfig:
     ckpt = data.get("checkpoint")
     if ckpt is None:
         raise ConfigError(f"{path}: no 'checkpoint:' section")
-    if not isinstance(ckpt, Mapping):
-        raise ConfigError(f"{path}: 'checkpoint' must be a mapping, got {ckpt!r}")
     d = out.defaults
-    for key, value in ckpt.items():
-        name = f"checkpoint.{key}"
+    for key, value, name in _entries(ckpt, f"{path}: 'checkpoint'", "checkpoint"):
         if key == "checkpoint_folder":
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{name} must be a path or URI, got {value!r}")
@@ -179,12 +176,18 @@ def _ints(block: object, where: str, keys: Mapping[str, str], out: WorkloadConfi
     return found
 
 
-def _streaming(block: object, out: WorkloadConfig) -> None:
+def _entries(block: object, what: str, section: str) -> Iterator[tuple[str, Any, str]]:
+    """(key, value, dotted name) of a mapping section of the workload; ``what`` names it in the
+    error when it is not a mapping."""
     if not isinstance(block, Mapping):
-        raise ConfigError(f"{out.path}: checkpoint.streaming must be a mapping, got {block!r}")
-    d = out.defaults
+        raise ConfigError(f"{what} must be a mapping, got {block!r}")
     for key, value in block.items():
-        name = f"checkpoint.streaming.{key}"
+        yield key, value, f"{section}.{key}"
+
+
+def _streaming(block: object, out: WorkloadConfig) -> None:
+    d = out.defaults
+    for key, value, name in _entries(block, f"{out.path}: checkpoint.streaming", "checkpoint.streaming"):
         if key == "enabled":
             d["method"] = "streaming" if _bool(name, value) else "preallocate"
         elif key == "chunk_size":
@@ -207,11 +210,9 @@ def read_workload(path: str | Path) -> dict[str, Any]:
 
     p = Path(path)
     try:
-        text = p.read_text()
+        data = yaml.safe_load(p.read_text())
     except OSError as exc:
         raise ConfigError(f"--config {str(p)!r}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"--config {str(p)!r} is not valid YAML: {exc}") from None
     if not isinstance(data, Mapping):

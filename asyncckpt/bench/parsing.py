@@ -32,6 +32,11 @@ def join_negative_values(argv: Sequence[str]) -> list[str]:
 class Parser(argparse.ArgumentParser):
     """Bad input is one line on stderr and exit code 2 (no usage dump to scroll past)."""
 
+    @classmethod
+    def subcommand(cls, name: str, description: str) -> Parser:
+        """The parser of ``python -m asyncckpt.bench NAME``."""
+        return cls(prog=f"python -m asyncckpt.bench {name}", description=description)
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog.removeprefix('python -m ')}: error: {message}\n")
 

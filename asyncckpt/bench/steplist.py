@@ -18,14 +18,15 @@ from ..sinks import local_path
 from ..steps import StepCommit, check_root, read_commit, steps_under
 from .parsing import Parser
 
+LS = (
+    "List the steps under a CheckpointManager root: committed or not, when, by how many ranks, their "
+    "size, and the metrics and asyncckpt version recorded with each (s3:// credentials and endpoint "
+    "from AWS_* variables)."
+)
+
 
 def ls_parser() -> Parser:
-    p = Parser(
-        prog="python -m asyncckpt.bench ls",
-        description="List the steps under a CheckpointManager root: committed or not, when, by how "
-        "many ranks, their size, and the metrics and asyncckpt version recorded with each "
-        "(s3:// credentials and endpoint from AWS_* variables).",
-    )
+    p = Parser.subcommand("ls", LS)
     p.add_argument("root", help="the manager's root: a directory or s3://bucket/prefix")
     p.add_argument("--json", action="store_true", help="print the listing as JSON instead of a table")
     return p

@@ -19,9 +19,8 @@ from .steplist import ls_main
 
 
 def report_parser() -> Parser:
-    p = Parser(
-        prog="python -m asyncckpt.bench report",
-        description="Re-render the table, plots and HTML report of a saved result (--json FILE).",
+    p = Parser.subcommand(
+        "report", "Re-render the table, plots and HTML report of a saved result (--json FILE)."
     )
     p.add_argument("result", type=Path, help="a JSON result written with --json")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary table")
@@ -41,11 +40,11 @@ def report_main(argv: list[str]) -> int:
 
 
 def compare_parser() -> Parser:
-    p = Parser(
-        prog="python -m asyncckpt.bench compare",
-        description="Compare saved results metric by metric against the first (the baseline). "
-        "Repeated checkpoints (--repeat N) are the samples; the verdict is a Mann-Whitney rank test, "
-        "the interval a bootstrap of the ratio of means.",
+    p = Parser.subcommand(
+        "compare",
+        "Compare saved results metric by metric against the first (the baseline). Repeated checkpoints "
+        "(--repeat N) are the samples; the verdict is a Mann-Whitney rank test, the interval a "
+        "bootstrap of the ratio of means.",
     )
     p.add_argument(
         "results",

@@ -1,9 +1,11 @@
-"""Reading a state object's safetensors header: for ``load_state``, and for a plain ``load``,
-which verifies a ``save_state`` object against the checksums its header carries."""
+"""A state object's safetensors header, asyncckpt's part of it: written by ``save_state``, read
+for ``load_state`` and for a plain ``load``, which verifies a ``save_state`` object against the
+checksums its header carries."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..blocking import run_blocking
@@ -57,9 +59,16 @@ async def state_manifest(sink: Sink, size: int, uri: str) -> Manifest | None:
         prefix, header = await read_prefix(sink, size, uri)
     except StateFormatError:
         return None  # not a safetensors object at all
-    if K_FORMAT not in header.metadata:
+    if not is_ours(header.metadata):
         return None  # another writer's safetensors file: no checksums to verify against
     _, chunk, crcs = asyncckpt_metadata(header.metadata, uri)
+    return header_manifest(prefix, header, uri, chunk, crcs)
+
+
+def header_manifest(
+    prefix: bytes | bytearray, header: Header, uri: str, chunk: int, crcs: list[int]
+) -> Manifest:
+    """The whole-object manifest of an asyncckpt header, once the header's own CRC32C holds."""
     if not header_crc_ok(bytes(prefix)):
         raise ChecksumMismatchError(
             f"checkpoint {uri!r} is corrupt: its header's CRC32C does not match", chunk=0, offset=0
@@ -67,6 +76,21 @@ async def state_manifest(sink: Sink, size: int, uri: str) -> Manifest | None:
     return chunks.manifest_of(
         uri, header.size, chunk, chunks.object_chunk_crcs(prefix, crcs, header.size, chunk)
     )
+
+
+def is_ours(meta: Mapping[str, str]) -> bool:
+    """Whether a safetensors header was written by ``save_state`` (it carries checksums)."""
+    return K_FORMAT in meta
+
+
+def our_metadata(tree: Any, chunk: int) -> dict[str, str]:
+    """What a ``save_state`` header says of itself beside the caller's metadata: the format,
+    the state's tree and the chunk size (:func:`with_crcs` adds the chunks' CRC32Cs)."""
+    return {K_FORMAT: FORMAT_VALUE, K_TREE: json.dumps(tree, separators=(",", ":")), K_CHUNK: str(chunk)}
+
+
+def with_crcs(meta: Mapping[str, str], crcs: Sequence[int]) -> dict[str, str]:
+    return {**meta, K_CRCS: chunks.encode(crcs)}
 
 
 def asyncckpt_metadata(meta: dict[str, str], uri: str) -> tuple[Any, int, list[int]]:

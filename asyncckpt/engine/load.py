@@ -28,7 +28,7 @@ from .header import state_manifest
 from .loader import LoadState, check_size, identity_note, label_loads, stream_views, verify_mode
 from .manifest import Manifest, manifest_uri, read_manifest
 from .monitor import LoopMonitor, now
-from .runinfo import run_fields, with_setup
+from .runinfo import Span, run_fields, with_setup
 from .runtime import Runtime
 from .seal import read_sealed
 from .verify import Verifier, make_verifier
@@ -358,19 +358,7 @@ def _load_result(
         gen_threads_requested=threads,
         fsync=False,
     )
-    run = run_fields(
-        setup,
-        rt.budget,
-        facts,
-        monitor,
-        recs,
-        label_loads(recs, readers),
-        method="streaming",
-        size=state.size,
-        open_s=state.open_s,
-        close_s=t_end - t_close,
-        wall_s=t_end - t0,
-        close_detail={},
-        cpu_stages={"verify": sum(r.verify_cpu_s for r in recs)} if state.verify_mode != "none" else {},
-    )
+    span = Span("streaming", state.size, state.open_s, t_end - t_close, t_end - t0)
+    stages = {"verify": sum(r.verify_cpu_s for r in recs)} if state.verify_mode != "none" else {}
+    run = run_fields(setup, rt.budget, facts, monitor, recs, label_loads(recs, readers), span, stages)
     return LoadResult.from_records(recs, **run)

@@ -33,6 +33,19 @@ ProgressFn = Callable[[int], None]
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class WriteJob:
+    """What every way of writing one object is given: its size, its chunking, the writes kept
+    in flight, whom to tell of progress, the footer that seals it, and whether to checksum."""
+
+    total: int
+    chunk_size: int
+    max_in_flight: int
+    progress: ProgressFn | None = None
+    sealer: Sealer | None = None
+    checksums: bool = True
+
+
 @dataclass
 class PipelineTimes:
     """Raw outcome of one pass through the pipeline."""
@@ -92,16 +105,12 @@ async def stream(
     sink: Sink,
     pool: BufferPool,
     executor: Executor,
+    job: WriteJob,
     *,
-    total: int,
-    max_in_flight: int,
-    progress: ProgressFn | None = None,
-    sealer: Sealer | None = None,
     cpu_lane: asyncio.Lock | None = None,
     cpu_executor: Executor | None = None,
-    checksums: bool = True,
 ) -> PipelineTimes:
-    """Move ``total`` bytes from ``source`` to ``sink``; return per-chunk records.
+    """Move ``job.total`` bytes from ``source`` to ``sink``; return per-chunk records.
 
     With a ``sealer`` the last chunk is written only after every other one, together with the
     footer that carries the manifest (see :mod:`asyncckpt.engine.seal`). With a ``cpu_lane`` fills
@@ -110,6 +119,13 @@ async def stream(
     ``checksums=False`` (``integrity="none"``): the checksum stage does not run at all, and
     each record's ``checksum`` stays None.
     """
+    total, max_in_flight, progress, sealer, checksums = (
+        job.total,
+        job.max_in_flight,
+        job.progress,
+        job.sealer,
+        job.checksums,
+    )
     lane = cpu_lane if cpu_lane is not None else contextlib.nullcontext()
     cpu = cpu_executor if cpu_executor is not None else executor
 
@@ -220,15 +236,7 @@ async def stream(
     return out
 
 
-async def stream_in_place(
-    sink: Sink,
-    *,
-    total: int,
-    chunk_size: int,
-    max_in_flight: int,
-    progress: ProgressFn | None = None,
-    sealer: Sealer | None = None,
-) -> PipelineTimes:
+async def stream_in_place(sink: Sink, job: WriteJob) -> PipelineTimes:
     """Move ``total`` synthetic bytes whose chunks the sink generates itself, in memory its
     client library owns (after ``sink.begin_generation`` said yes): no pool buffer, no copy.
 
@@ -240,6 +248,13 @@ async def stream_in_place(
     With a ``sealer`` the footer follows the data as one small (copied) write.
     """
     out = PipelineTimes(start=now())
+    total, chunk_size, max_in_flight, progress, sealer = (
+        job.total,
+        job.chunk_size,
+        job.max_in_flight,
+        job.progress,
+        job.sealer,
+    )
     pending = iter(enumerate(range(0, total, chunk_size)))
     failures = FirstFailure()
 
@@ -282,16 +297,7 @@ async def _write_copy(sink: Sink, offset: int, data: bytes) -> float | None:
 
 
 async def write_preallocated(
-    source: Source,
-    sink: Sink,
-    executor: Executor,
-    *,
-    total: int,
-    chunk_size: int,
-    max_in_flight: int,
-    progress: ProgressFn | None = None,
-    sealer: Sealer | None = None,
-    checksums: bool = True,
+    source: Source, sink: Sink, executor: Executor, job: WriteJob
 ) -> tuple[PipelineTimes, float]:
     """The method streaming replaces: generate the whole checkpoint in RAM, then write it.
 
@@ -299,6 +305,7 @@ async def write_preallocated(
     Checksums (unless ``checksums=False``) are known before any write here, so a ``sealer``'s
     footer is placed in RAM behind the data and goes out with the last chunk.
     """
+    total, chunk_size, sealer = job.total, job.chunk_size, job.sealer
     end = sealer.seal.object_size if sealer is not None else total
     arena = private_mapping(end)
     whole = memoryview(arena)
@@ -308,7 +315,7 @@ async def write_preallocated(
         records: list[ChunkRecord] = []
         for index, offset in enumerate(range(0, total, chunk_size)):
             rec = ChunkRecord(index, offset, min(chunk_size, total - offset))
-            if checksums:
+            if job.checksums:
                 rec.checksum, rec.checksum_s, rec.checksum_cpu_s = await run_blocking(
                     executor, timed_crc, view[offset : offset + rec.nbytes]
                 )
@@ -316,16 +323,7 @@ async def write_preallocated(
         if sealer is not None:
             footer = sealer.footer(records)
             whole[end - len(footer) : end] = footer  # the gap before it is the mapping's zeros
-        return await write_whole(
-            sink,
-            whole,
-            records,
-            total=total,
-            end=end,
-            max_in_flight=max_in_flight,
-            progress=progress,
-            fill_s=gen_s,
-        ), gen_s
+        return await write_whole(sink, whole, records, job, end=end, fill_s=gen_s), gen_s
     finally:
         view.release()
         whole.release()
@@ -336,20 +334,19 @@ async def write_whole(
     sink: Sink,
     whole: memoryview,
     records: list[ChunkRecord],
+    job: WriteJob,
     *,
-    total: int,
     end: int,
-    max_in_flight: int,
-    progress: ProgressFn | None = None,
     fill_s: float = 0.0,
 ) -> PipelineTimes:
     """Write an object that is already whole in page-aligned memory, chunk by chunk, with up to
-    ``max_in_flight`` writes at once and no copy (each write is a slice of ``whole``).
+    ``job.max_in_flight`` writes at once and no copy (each write is a slice of ``whole``).
 
     ``records`` carry each chunk's offset, size and known checksum; the last chunk's write runs
     to ``end`` (a footer placed behind the data). ``fill_s`` (how long making the bytes took)
     is spread over the records by size, so per-chunk metrics still add up.
     """
+    total, progress = job.total, job.progress
     out = PipelineTimes(start=now())
     pending = iter(records)
     failures = FirstFailure()
@@ -369,7 +366,7 @@ async def write_whole(
 
     try:
         async with asyncio.TaskGroup() as tg:
-            for _ in range(max_in_flight):
+            for _ in range(job.max_in_flight):
                 tg.create_task(failures.watch(writer()))
     except BaseExceptionGroup as group:
         raise failures.cause(group) from None

@@ -9,7 +9,7 @@ import importlib.metadata
 import platform
 import socket
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from typing import Any, TypeVar
 
@@ -59,6 +59,18 @@ def event_loop_name() -> str:
     return "uvloop" if module == "uvloop" else "asyncio"
 
 
+@dataclass(frozen=True)
+class Span:
+    """An operation's method, size and clock, as :func:`run_fields` reports them."""
+
+    method: str
+    size: int
+    open_s: float
+    close_s: float
+    wall_s: float
+    close_detail: dict[str, float] = field(default_factory=dict)
+
+
 def run_fields(
     setup: RunSetup,
     budget: ThreadBudget,
@@ -66,13 +78,7 @@ def run_fields(
     monitor: LoopMonitor,
     records: Sequence[Timed],
     bottleneck_counts: dict[str, int],
-    *,
-    method: str,
-    size: int,
-    open_s: float,
-    close_s: float,
-    wall_s: float,
-    close_detail: dict[str, float],
+    span: Span,
     cpu_stages: dict[str, float],
 ) -> dict[str, Any]:
     """The fields of :class:`~asyncckpt.results.RunResult`, measured alike for saves and loads:
@@ -97,12 +103,12 @@ def run_fields(
         **environment_facts(),
     )
     return {
-        "method": method,
-        "size_bytes": size,
-        "wall_s": wall_s,
-        "open_s": open_s,
-        "close_s": close_s,
-        "close_detail": close_detail,
+        "method": span.method,
+        "size_bytes": span.size,
+        "wall_s": span.wall_s,
+        "open_s": span.open_s,
+        "close_s": span.close_s,
+        "close_detail": span.close_detail,
         "wait_free_s": sum(r.wait_free_s for r in records),
         "wait_data_s": sum(r.wait_data_s for r in records),
         "chunks": len(records),

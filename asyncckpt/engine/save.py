@@ -27,10 +27,18 @@ from ..sinks.router import StorageRouter
 from ..sources import CallerData, make_source
 from ..sources.base import Source
 from .monitor import LoopMonitor, now
-from .pipeline import PipelineTimes, ProgressFn, stream, stream_in_place, write_preallocated, write_whole
-from .runinfo import run_fields, with_setup
+from .pipeline import (
+    PipelineTimes,
+    ProgressFn,
+    WriteJob,
+    stream,
+    stream_in_place,
+    write_preallocated,
+    write_whole,
+)
+from .runinfo import Span, run_fields, with_setup
 from .runtime import Runtime
-from .seal import sealer_for
+from .seal import SealSpec, sealer_for
 
 log = logging.getLogger("asyncckpt")
 
@@ -125,7 +133,7 @@ async def _save(
     # data that carries its own checksums (a save_state object: a safetensors header) is
     # published as it is; everything else gets its manifest sealed into a footer
     sealer = (
-        sealer_for(sink.uri, size, cfg.chunk_size, source.describe(), sink.backend, cfg.integrity)
+        sealer_for(SealSpec(sink.uri, size, cfg.chunk_size, source.describe(), sink.backend, cfg.integrity))
         if expect_crc32c is None
         else None
     )
@@ -143,60 +151,25 @@ async def _save(
                 spec = rt.writer_spec(spec)
             if spec is not None:
                 spec = dataclasses.replace(spec, checksums=cfg.checksums)
+            job = WriteJob(size, cfg.chunk_size, in_flight, progress, sealer, cfg.checksums)
             if spec is not None and await sink.begin_generation(spec):
-                times = await stream_in_place(
-                    sink,
-                    total=size,
-                    chunk_size=cfg.chunk_size,
-                    max_in_flight=in_flight,
-                    progress=progress,
-                    sealer=sealer,
-                )
+                times = await stream_in_place(sink, job)
                 gen_s = sum(r.fill_s for r in times.records)
             elif pool is not None:
                 lane_before = run_queue(rt.lane_tids())
+                # leave_loop_core: fills and checksums take turns, so the pipeline's
+                # CPU work stays within the generator's threads and the loop keeps a core
+                lane = asyncio.Lock() if rt.cpu_lane_used else None
                 times = await stream(
-                    source,
-                    sink,
-                    pool,
-                    executor,
-                    total=size,
-                    max_in_flight=in_flight,
-                    progress=progress,
-                    sealer=sealer,
-                    # leave_loop_core: fills and checksums take turns, so the pipeline's
-                    # CPU work stays within the generator's threads and the loop keeps a core
-                    cpu_lane=asyncio.Lock() if rt.cpu_lane_used else None,
-                    cpu_executor=rt.cpu_executor(),
-                    checksums=cfg.checksums,
+                    source, sink, pool, executor, job, cpu_lane=lane, cpu_executor=rt.cpu_executor()
                 )
                 gen_s = sum(r.fill_s for r in times.records)
                 rt.warn_if_starved(lane_before)
             elif placed is not None and expect_crc32c is not None:
-                times, gen_s = (
-                    await write_whole(
-                        sink,
-                        placed,
-                        known_chunks(size, cfg.chunk_size, expect_crc32c),
-                        total=size,
-                        end=size,
-                        max_in_flight=in_flight,
-                        progress=progress,
-                    ),
-                    0.0,
-                )
+                chunks = known_chunks(size, cfg.chunk_size, expect_crc32c)
+                times, gen_s = await write_whole(sink, placed, chunks, job, end=size), 0.0
             else:
-                times, gen_s = await write_preallocated(
-                    source,
-                    sink,
-                    executor,
-                    total=size,
-                    chunk_size=cfg.chunk_size,
-                    max_in_flight=in_flight,
-                    progress=progress,
-                    sealer=sealer,
-                    checksums=cfg.checksums,
-                )
+                times, gen_s = await write_preallocated(source, sink, executor, job)
             if expect_crc32c is not None:  # the bytes written are the bytes the caller summed
                 check_pipeline(times.records, expect_crc32c, sink.uri)
         except BaseException:
@@ -265,22 +238,11 @@ def _result(
             lane_prepass=lane_prepass,
         ),
     )
-    run = run_fields(
-        setup,
-        rt.budget,
-        snk,
-        monitor,
-        recs,
-        label_chunks(recs, in_flight),
-        method=method,
-        size=size,
-        open_s=open_s,
-        close_s=close_s,
-        wall_s=wall_s,
-        close_detail=close_detail,
-        cpu_stages={"generation": source.cpu_s}
-        | ({"checksum": sum(r.checksum_cpu_s for r in recs)} if cfg.checksums else {}),
+    span = Span(method, size, open_s, close_s, wall_s, close_detail)
+    stages = {"generation": source.cpu_s} | (
+        {"checksum": sum(r.checksum_cpu_s for r in recs)} if cfg.checksums else {}
     )
+    run = run_fields(setup, rt.budget, snk, monitor, recs, label_chunks(recs, in_flight), span, stages)
     return SaveResult.from_records(recs, gen_s=gen_s, integrity=cfg.integrity, **run)
 
 

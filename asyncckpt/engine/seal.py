@@ -106,53 +106,50 @@ def check_geometry(manifest: Manifest, offset: int, where: str) -> None:
         )
 
 
-def template_for(
-    uri: str,
-    size: int,
-    chunk_size: int,
-    source: dict[str, Any],
-    backend: str,
-    integrity: modes.Integrity = "crc32c",
-) -> Manifest:
+@dataclass(frozen=True)
+class SealSpec:
+    """What a save's manifest says of it, all known before its first byte is written."""
+
+    uri: str
+    size: int
+    chunk_size: int
+    source: dict[str, Any]
+    backend: str
+    integrity: modes.Integrity = "crc32c"
+
+
+def template_for(spec: SealSpec) -> Manifest:
     """The manifest a save will seal, with placeholder checksums (none without integrity):
     sized before any byte is written."""
-    summed = integrity == "crc32c"
+    summed = spec.integrity == "crc32c"
     return manifest_for(
-        uri,
-        size=size,
-        chunk_size=chunk_size,
-        source=source,
-        backend={"backend": backend},
-        chunk_crc32c=(0,) * -(-size // chunk_size) if summed else (),
+        spec.uri,
+        size=spec.size,
+        chunk_size=spec.chunk_size,
+        source=spec.source,
+        backend={"backend": spec.backend},
+        chunk_crc32c=(0,) * -(-spec.size // spec.chunk_size) if summed else (),
         object_crc32c=0 if summed else None,
         created=PLACEHOLDER_TIME,
-        integrity=integrity,
+        integrity=spec.integrity,
     )
 
 
-def sealer_for(
-    uri: str,
-    size: int,
-    chunk_size: int,
-    source: dict[str, Any],
-    backend: str,
-    integrity: modes.Integrity = "crc32c",
-) -> Sealer:
+def sealer_for(spec: SealSpec) -> Sealer:
     """The footer geometry and manifest builder of one save."""
 
     def build(records: Sequence[ChunkRecord]) -> Manifest:
         return build_manifest(
-            uri,
-            size=size,
-            chunk_size=chunk_size,
+            spec.uri,
+            size=spec.size,
+            chunk_size=spec.chunk_size,
             records=records,
-            source=source,
-            backend={"backend": backend},
-            integrity=integrity,
+            source=spec.source,
+            backend={"backend": spec.backend},
+            integrity=spec.integrity,
         )
 
-    template = template_for(uri, size, chunk_size, source, backend, integrity)
-    return Sealer(Seal.for_manifest(template), build)
+    return Sealer(Seal.for_manifest(template_for(spec)), build)
 
 
 def tail_read_size(object_size: int, want: int = TAIL_READ) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import os
 from collections.abc import Mapping, MutableMapping, Sequence
@@ -26,24 +25,14 @@ from typing import Any
 from .. import modes
 from ..blocking import Offload, run_blocking
 from ..engine import chunks, dtypes
-from ..engine.header import asyncckpt_metadata, read_prefix
+from ..engine.header import asyncckpt_metadata, header_manifest, is_ours, our_metadata, read_prefix, with_crcs
 from ..engine.load import Known, ProgressFn, read, read_args
 from ..engine.manifest import Manifest
 from ..engine.monitor import now
 from ..engine.runtime import Runtime
-from ..engine.safetensors_format import (
-    FORMAT_VALUE,
-    K_CHUNK,
-    K_CRCS,
-    K_FORMAT,
-    K_TREE,
-    Header,
-    TensorEntry,
-    build_header,
-    header_crc_ok,
-)
+from ..engine.safetensors_format import Header, TensorEntry, build_header
 from ..engine.save import save_object
-from ..errors import ChecksumMismatchError, ConfigError, IntegrityError
+from ..errors import ConfigError, IntegrityError
 from ..results.records import SaveResult
 from ..sinks.isolation import SharedBufferPool
 from ..sinks.router import StorageRouter
@@ -102,12 +91,10 @@ def plan(uri: str, state: object, chunk: int, metadata: Mapping[str, str] | None
     for t in tensors:
         entries.append(TensorEntry(t.leaf.name, t.dtype, t.shape, offset, offset + t.nbytes))
         offset += t.nbytes
-    meta.update(
-        {K_FORMAT: FORMAT_VALUE, K_TREE: json.dumps(tree, separators=(",", ":")), K_CHUNK: str(chunk)}
-    )
+    meta.update(our_metadata(tree, chunk))
     count, prefix = 0, bytearray()
     for _ in range(8):  # the CRC count depends on where the data starts, which depends on it
-        prefix = build_header(entries, {**meta, K_CRCS: chunks.encode([0] * count)})
+        prefix = build_header(entries, with_crcs(meta, [0] * count))
         want = chunks.data_chunk_count(len(prefix), len(prefix) + offset, chunk)
         if want == count:
             break
@@ -122,7 +109,7 @@ def finish_header(p: _Plan, data: Sequence[memoryview], chunk: int) -> tuple[byt
     t0 = now()
     data_crcs = chunks.data_chunk_crcs(data, p.data_start, chunk)
     prepass = now() - t0
-    prefix = build_header(p.entries, {**p.metadata, K_CRCS: chunks.encode(data_crcs)})
+    prefix = build_header(p.entries, with_crcs(p.metadata, data_crcs))
     if len(prefix) != p.data_start:
         raise RuntimeError(f"state header changed size: {len(prefix)} != {p.data_start}")
     return prefix, list(chunks.object_chunk_crcs(prefix, data_crcs, p.size, chunk)), prepass
@@ -332,7 +319,7 @@ async def load_state(
     finally:
         await sink.aclose()
     meta = header.metadata
-    ours = K_FORMAT in meta
+    ours = is_ours(meta)
     executor = rt.executor()
     tree, chunk, manifest, dests = await run_blocking(
         executor, _prepare_load, target, prefix, header, into, as_torch, verify, rt.config.chunk_size
@@ -435,15 +422,10 @@ def _prepare_load(
     10 000 tensors takes 0.1 s to check and bind."""
     tree: Any = None
     manifest: Manifest | None = None
-    if K_FORMAT in header.metadata:
+    if is_ours(header.metadata):
         tree, chunk, crcs = asyncckpt_metadata(header.metadata, uri)
         if verify:
-            if not header_crc_ok(bytes(prefix)):
-                raise ChecksumMismatchError(
-                    f"checkpoint {uri!r} is corrupt: its header's CRC32C does not match", chunk=0, offset=0
-                )
-            expected = chunks.object_chunk_crcs(prefix, crcs, header.size, chunk)
-            manifest = chunks.manifest_of(uri, header.size, chunk, expected)
+            manifest = header_manifest(prefix, header, uri, chunk, crcs)
     return tree, chunk, manifest, _destinations(header, into, as_torch)
 
 
