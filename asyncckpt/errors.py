@@ -146,5 +146,20 @@ def map_os_error(exc: OSError, what: str) -> StorageError:
     return err
 
 
+class PreemptedError(AsyncCkptError):
+    """A preemption signal (or ``save_now``) stopped the training loop after its step was
+    committed; ``step`` is that step, ``signum`` the signal (None: on demand)."""
+
+    def __init__(self, message: str, *, step: int, signum: int | None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.signum = signum
+
+
+class PreemptDeadlineError(PreemptedError, TimeoutError):
+    """The preemption save did not commit its step within the deadline; the message says what
+    was durable (this rank's object, the step, the latest committed step) and what was not."""
+
+
 class StepNotCommittedError(AsyncCkptError, FileNotFoundError):
     """A step directory has no commit record: it was never completed on every rank."""
