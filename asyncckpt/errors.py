@@ -59,6 +59,11 @@ class DirectIOError(StorageError):
     """Direct I/O was demanded but the file system refused it."""
 
 
+class DirectIOUnavailableError(DirectIOError, ConfigError):
+    """``direct://`` names a file system without direct I/O (a memory file system, or one that
+    refuses O_DIRECT); found before any data is written, so it is also bad input."""
+
+
 class WriterProcessError(AsyncCkptError, RuntimeError):
     """The isolated writer process died, stalled or failed."""
 
