@@ -1,4 +1,4 @@
-"""A training loop a test preempts: ``python -m tests.preempt_child ROOT ON_PREEMPT [DEADLINE]``.
+"""A training loop a test preempts: ``python -m tests.preempt_child ROOT ON_PREEMPT DEADLINE [torch]``.
 
 Each rank (one, or several under mpirun) talks to the test through two FIFOs the test made,
 ``ROOT/up-<rank>`` (the rank writes ``<pid> <step>`` before each ``maybe_save``) and
@@ -78,6 +78,10 @@ async def train(root: Path, on_preempt: str, deadline: float, up: TextIO, go: Te
 if __name__ == "__main__":
     here, mode = Path(sys.argv[1]), sys.argv[2]
     limit = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
+    if sys.argv[4:] == ["torch"]:  # under torchrun: the job's own process group
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
     me = world()[0]
     with open(here / f"up-{me}", "w") as to_test, open(here / f"go-{me}") as from_test:
         asyncio.run(train(here, mode, limit, to_test, from_test))

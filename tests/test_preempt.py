@@ -24,7 +24,7 @@ from asyncckpt import AsyncCheckpointer, CheckpointManager, ConfigError
 from asyncckpt.errors import PreemptDeadlineError, PreemptedError
 from asyncckpt.steps import latest_step, read_commit, steps_under
 
-from .launch import ROOT, child_env
+from .launch import ROOT, child_env, free_port
 from .preempt_child import state_of
 
 MiB = 1 << 20
@@ -67,7 +67,9 @@ def stderr_of(root: Path) -> str:
 
 
 @contextmanager
-def training(root: Path, mode: str, *, ranks: int = 1, deadline: str = "30") -> Iterator[Any]:
+def training(
+    root: Path, mode: str, *, ranks: int = 1, deadline: str = "30", launcher: str = "mpirun"
+) -> Iterator[Any]:
     """The child loop(s) started, with the test's FIFO ends; killed if the test fails midway."""
     for r in range(ranks):
         os.mkfifo(root / f"up-{r}")
@@ -76,6 +78,14 @@ def training(root: Path, mode: str, *, ranks: int = 1, deadline: str = "30") -> 
     args = ["-m", "tests.preempt_child", str(root), mode, deadline]
     if ranks == 1:
         cmd, env = [sys.executable, *args], child_env()
+    elif launcher == "torchrun":
+        pytest.importorskip("torch.distributed", reason="torch not installed")
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--nnodes", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0",
+            *args, "torch",
+        ]  # fmt: skip
+        env = child_env()
     else:
         pytest.importorskip("mpi4py", reason="mpi4py not installed: pip install 'asyncckpt[mpi]'")
         cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", sys.executable, *args]
@@ -180,6 +190,7 @@ mpi = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not foun
 
 
 @mpi
+@pytest.mark.mpi
 @pytest.mark.parametrize("to", [[0, 1], [1]], ids=["every-rank", "rank-1-only"])
 async def test_two_ranks_save_the_same_step(tmp_path: Path, to: list[int]) -> None:
     with training(tmp_path, "raise", ranks=2) as (proc, ends):
@@ -191,6 +202,19 @@ async def test_two_ranks_save_the_same_step(tmp_path: Path, to: list[int]) -> No
         check_record(out["record"], 4, source="signal" if rank in to else "peer")
         assert out["saved"] == [2, 4]
     await assert_committed_exactly(tmp_path / "run", 4, 2)
+
+
+@pytest.mark.torchrun
+def test_two_torchrun_ranks_save_the_same_step(tmp_path: Path) -> None:
+    """The flags travel over a second gloo group (``new_group``) beside the default one."""
+    with training(tmp_path, "raise", ranks=2, launcher="torchrun") as (proc, ends):
+        err = preempt_at(proc, ends, 3, to=[0])
+    assert proc.returncode == 0, err
+    for rank in (0, 1):
+        out = result(tmp_path, rank)
+        assert out["error"]["step"] == 3, out
+        check_record(out["record"], 3, source="signal" if rank == 0 else "peer")
+    asyncio.run(assert_committed_exactly(tmp_path / "run", 3, 2))
 
 
 # -- in process: the deadline, save_now, handlers, bad input -----------------------------------
