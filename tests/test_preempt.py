@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -283,3 +284,24 @@ def test_bad_preemption_settings_are_refused_before_any_io(
     with pytest.raises(ConfigError, match=named):
         CheckpointManager(root, **options)
     assert not root.exists()
+
+
+def test_a_manager_off_the_main_thread_is_refused_naming_the_thread(tmp_path: Path) -> None:
+    """Python installs signal handlers only from the main thread: say so, do not ignore it."""
+    caught: list[BaseException] = []
+
+    async def enter() -> None:
+        mgr = CheckpointManager(tmp_path, save_on_signal=signal.SIGTERM, **OPTIONS)
+        try:
+            async with mgr:
+                pass
+        except ConfigError as exc:
+            caught.append(exc)
+        finally:
+            await mgr.aclose()
+
+    worker = threading.Thread(target=asyncio.run, args=(enter(),), name="trainer-loop")
+    worker.start()
+    worker.join()
+    assert len(caught) == 1 and "main thread" in str(caught[0]) and "'trainer-loop'" in str(caught[0])
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
