@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncckpt import AsyncCheckpointer, CheckpointManager, ConfigError
+from asyncckpt import AsyncCheckpointer, AsyncCkptError, CheckpointManager, ConfigError
 from asyncckpt.errors import PreemptDeadlineError, PreemptedError
 from asyncckpt.steps import latest_step, read_commit, steps_under
 
@@ -305,3 +305,13 @@ def test_a_manager_off_the_main_thread_is_refused_naming_the_thread(tmp_path: Pa
     worker.join()
     assert len(caught) == 1 and "main thread" in str(caught[0]) and "'trainer-loop'" in str(caught[0])
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+async def test_a_preemption_save_that_fails_raises_its_own_error(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path, save_on_signal=signal.SIGUSR1, **OPTIONS)
+    async with mgr:
+        with pytest.raises(AsyncCkptError) as caught:
+            await mgr.save_now(5, {"z": np.zeros(3, np.complex128)})  # no safetensors dtype
+        assert not isinstance(caught.value, PreemptedError)
+    assert [step for step, _ in mgr.stats.failed] == [5] and mgr.stats.saved == []
+    assert mgr.stats.preempted is None and not (tmp_path / "step-5").exists()  # removed again
