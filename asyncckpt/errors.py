@@ -59,6 +59,11 @@ class DirectIOError(StorageError):
     """Direct I/O was demanded but the file system refused it."""
 
 
+class DirectIOUnavailableError(DirectIOError, ConfigError):
+    """``direct://`` names a file system without direct I/O (a memory file system, or one that
+    refuses O_DIRECT); found before any data is written, so it is also bad input."""
+
+
 class WriterProcessError(AsyncCkptError, RuntimeError):
     """The isolated writer process died, stalled or failed."""
 
@@ -144,6 +149,21 @@ def map_os_error(exc: OSError, what: str) -> StorageError:
     err = cls(exc.errno, message)
     err.__cause__ = exc
     return err
+
+
+class PreemptedError(AsyncCkptError):
+    """A preemption signal (or ``save_now``) stopped the training loop after its step was
+    committed; ``step`` is that step, ``signum`` the signal (None: on demand)."""
+
+    def __init__(self, message: str, *, step: int, signum: int | None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.signum = signum
+
+
+class PreemptDeadlineError(PreemptedError, TimeoutError):
+    """The preemption save did not commit its step within the deadline; the message says what
+    was durable (this rank's object, the step, the latest committed step) and what was not."""
 
 
 class StepNotCommittedError(AsyncCkptError, FileNotFoundError):

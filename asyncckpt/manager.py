@@ -30,8 +30,9 @@ from . import modes, steps
 from .checkpointer import AsyncCheckpointer
 from .engine.monitor import now
 from .errors import CollectiveError, ConfigError
-from .modes import BestMode, StagingMode, WhenBusy
+from .modes import BestMode, OnPreempt, StagingMode, WhenBusy
 from .node.collectives import Collectives, get_collectives
+from .preempt import Preemption, PreemptRecord
 from .retention import Cadence, RetentionPolicy, check_metrics, to_delete
 from .sinks import leftovers
 from .sinks.loops import orphaned
@@ -62,6 +63,7 @@ class ManagerStats:
     left: list[tuple[int, str]] = field(default_factory=list)  # uncommitted steps kept, and why
     failed: list[tuple[int, str]] = field(default_factory=list)  # saves or deletes that failed
     abandoned: list[int] = field(default_factory=list)  # saves whose event loop ended before they committed
+    preempted: PreemptRecord | None = None  # the save a preemption signal (or save_now) made
 
 
 def _positive(name: str, value: object) -> None:
@@ -85,6 +87,9 @@ class CheckpointManager:
     ...         await mgr.maybe_save(step, state, metrics={"loss": loss})
 
     ``clock`` (seconds, monotonic) times ``every_seconds``; tests inject their own.
+    ``save_on_signal`` (e.g. ``(signal.SIGTERM,)``): the next ``maybe_save`` after such a signal
+    saves its step and waits until it is committed within ``preempt_deadline_s`` of the signal,
+    then acts as ``on_preempt`` says (:mod:`asyncckpt.preempt`).
     """
 
     def __init__(
@@ -106,6 +111,9 @@ class CheckpointManager:
         checkpointer: AsyncCheckpointer | None = None,
         raise_on_failure: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        save_on_signal: Any = None,
+        preempt_deadline_s: float = 30.0,
+        on_preempt: OnPreempt = "raise",
         **options: Any,
     ) -> None:
         if not isinstance(raise_on_failure, bool):
@@ -117,6 +125,7 @@ class CheckpointManager:
         _positive("max_pending_saves", max_pending_saves)
         if not callable(clock):
             raise ConfigError(f"clock must be a callable returning seconds, got {clock!r}")
+        self.preempt = Preemption(save_on_signal, preempt_deadline_s, on_preempt)
         when_busy = modes.parse("when_busy", when_busy, WhenBusy, fold=False)
         staging = modes.parse("staging", staging, StagingMode, fold=False)
         if checkpointer is not None and options:
@@ -146,6 +155,7 @@ class CheckpointManager:
         if self._started:
             return
         self._started = True
+        self.preempt.arm()
         self._coll = get_collectives()
         if self._coll.world_size > 1 and self.when_busy == "skip":
             # each rank would judge "busy" by its own timing: they could skip different steps
@@ -161,6 +171,7 @@ class CheckpointManager:
         if self._coll.is_coordinator:
             await self._clean_uncommitted()
         await self._coll.barrier()  # no rank writes a step while rank 0 may still be cleaning
+        await self.preempt.join(self._coll)
 
     async def wait(self) -> None:
         """Until every pending save has committed (or failed) and old steps are deleted; then
@@ -199,12 +210,14 @@ class CheckpointManager:
         try:
             await self.wait()
         finally:
+            self.preempt.close()
             if self._coll is not None:
                 self._coll.close()
             if self._own:
                 await self.ckpt.aclose()
 
     async def __aenter__(self) -> CheckpointManager:
+        self.preempt.arm()  # from here on a preemption signal is recorded, not fatal
         return self
 
     async def __aexit__(
@@ -246,6 +259,11 @@ class CheckpointManager:
         one of them."""
         steps.check_step(step)
         facts = {"metrics": check_metrics(metrics), "asyncckpt_version": _version()}
+        if self.preempt.enabled:
+            await self.start()
+            if await self.preempt.agree():  # every rank, every call: they save the same step
+                await self.save_now(step, state, metrics=metrics)
+                return True
         if self.cadence.per_step and not self.cadence.due(step, now=0.0, last_start=None, busy=False):
             self._reserve(state)
             return False
@@ -262,16 +280,67 @@ class CheckpointManager:
             while len(self._still_pending()) >= self.max_pending_saves:
                 await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
             self.stats.waited.append((step, now() - t0))
+        commit = await self._start_step(step, state, facts, self.staging)
+        self._track(step, asyncio.create_task(self._finish(step, commit), name=f"asyncckpt-step {step}"))
+        return True
+
+    @property
+    def preempted(self) -> bool:
+        """A preemption signal arrived (on any rank, as far as ``maybe_save`` has learnt): the
+        loop should stop after this step."""
+        return self.preempt.signum is not None
+
+    async def wait_preempted(self) -> None:
+        """Return once a preemption signal reached this process (its handler ran on the event
+        loop): for a loop that wants to stop its step early; ``maybe_save`` saves either way."""
+        await self.preempt.noted.wait()
+
+    async def save_now(
+        self, step: int, state: Mapping[Any, Any], *, metrics: Mapping[str, float] | None = None
+    ) -> PreemptRecord:
+        """Save ``step`` now, out of cadence, and wait until it is committed within the deadline,
+        then act as ``on_preempt`` says (as after a signal; every rank must call it at the same
+        step). The record is also ``stats.preempted``; a missed deadline raises
+        :class:`PreemptDeadlineError` whatever ``on_preempt`` says."""
+        steps.check_step(step)
+        facts = {"metrics": check_metrics(metrics), "asyncckpt_version": _version()}
+        await self.start()
+
+        async def job(object_durable: Callable[[], None]) -> None:
+            commit = await self._start_step(step, facts=facts, state=state, staging="none")
+            object_durable()  # staging "none": this rank's object is durable on return
+            await self._finish(step, commit, reraise=True)
+
+        def latest() -> int | None:
+            return max(self.stats.saved, default=None)
+
+        self._last_start = self.clock()
+        try:
+            record = await self.preempt.save(
+                step, job, lambda task: self._track(step, task, late=True), latest
+            )
+        finally:
+            self.stats.preempted = self.preempt.record
+        outcome = self.preempt.outcome(record)
+        if isinstance(outcome, SystemExit):
+            await self.aclose()
+        if outcome is not None:
+            raise outcome
+        return record
+
+    async def _start_step(
+        self, step: int, state: Mapping[Any, Any], facts: dict[str, Any], staging: StagingMode
+    ) -> asyncio.Task[StepCommit]:
         assert self._coll is not None
         previous = self._pending[-1] if self._pending else None
         self._last_start = self.clock()
         try:
-            commit = await steps.start_step(
+            return await steps.start_step(
                 self.ckpt,
                 self.root,
                 step,
                 state,
-                staging=self.staging,
+                staging=staging,
                 coll=self._coll,
                 after=previous,
                 metadata=facts,
@@ -280,10 +349,18 @@ class CheckpointManager:
             self.stats.failed.append((step, f"save: {exc}"))
             await self._clean_failed(step, exc)
             raise
-        task = asyncio.create_task(self._finish(step, commit), name=f"asyncckpt-step {step}")
+
+    def _track(self, step: int, task: asyncio.Task[None], *, late: bool = False) -> None:
+        """A save to wait for at ``wait()``; ``late``: a preemption save past its deadline, whose
+        failure nobody awaits any more, so ``wait()`` raises it."""
         self._pending.append(task)
         self._steps[task] = step
-        return True
+        if late:
+            task.add_done_callback(self._late_failure)
+
+    def _late_failure(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and isinstance(task.exception(), Exception):
+            self._unraised.append(task.exception())  # type: ignore[arg-type]
 
     # -- background work ---------------------------------------------------------------
     def _reserve(self, state: Mapping[Any, Any]) -> None:
@@ -294,7 +371,7 @@ class CheckpointManager:
         self._reserving = asyncio.create_task(self.ckpt.reserve_staging(state), name="asyncckpt-reserve")
         self._reserving.add_done_callback(_log_reserve_failure)
 
-    async def _finish(self, step: int, commit: asyncio.Task[StepCommit]) -> None:
+    async def _finish(self, step: int, commit: asyncio.Task[StepCommit], *, reraise: bool = False) -> None:
         try:
             await commit
         except asyncio.CancelledError:  # only the end of its event loop cancels it
@@ -302,9 +379,12 @@ class CheckpointManager:
             raise
         except Exception as exc:
             self.stats.failed.append((step, f"save: {exc}"))
-            self._unraised.append(exc)
+            if not reraise:
+                self._unraised.append(exc)
             log.error("checkpoint of step %d failed: %s", step, exc)
             await self._clean_failed(step, exc)
+            if reraise:
+                raise
             return
         self.stats.saved.append(step)
         assert self._coll is not None

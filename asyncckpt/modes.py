@@ -32,6 +32,10 @@ ChecksumMode = Literal["when_required", "when_supported"]
 StagingMode = Literal["none", "host"]
 #: what CheckpointManager.maybe_save does while an earlier save is still being written
 WhenBusy = Literal["wait", "skip"]
+#: what CheckpointManager does once a preemption save committed: raise PreemptedError, exit
+#: the process (SystemExit 128 + signal number, after closing the manager), or return and let
+#: the loop read ``mgr.preempted``
+OnPreempt = Literal["raise", "exit", "continue"]
 #: CheckpointManager best_n: keep the lowest ("min") or highest ("max") values of the metric
 BestMode = Literal["min", "max"]
 #: what a save computes so a load can check it (``CheckpointConfig.integrity``, bench

@@ -48,7 +48,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config",),
     ("engine",),
     ("state",),
-    ("steps", "retention"),
+    ("steps", "retention", "preempt"),
     ("checkpointer",),
     ("manager",),
     ("integrations",),

@@ -18,6 +18,7 @@ timeout, raised as :class:`CollectiveError`.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -42,15 +43,21 @@ class _Ops:
     barrier: Callable[[], None]
     broadcast: Callable[[Any, int], Any]
     all_gather: Callable[[Any], list[Any]]
+    dup: Callable[[], _Ops]  # collective: the same ranks over a second, independent channel
 
 
 def _single() -> _Ops:
-    return _Ops(barrier=lambda: None, broadcast=lambda obj, src: obj, all_gather=lambda obj: [obj])
+    return _Ops(
+        barrier=lambda: None, broadcast=lambda obj, src: obj, all_gather=lambda obj: [obj], dup=_single
+    )
 
 
 def _comm_ops(comm: Comm) -> _Ops:
     return _Ops(
-        barrier=comm.barrier, broadcast=lambda obj, src: comm.bcast(obj, src), all_gather=comm.allgather
+        barrier=comm.barrier,
+        broadcast=lambda obj, src: comm.bcast(obj, src),
+        all_gather=comm.allgather,
+        dup=lambda: _comm_ops(comm.dup()),
     )
 
 
@@ -76,24 +83,33 @@ class TorchComm(Comm):
         super().__init__(info)
         self._dist = dist
         self._owns = owns
+        self._group: Any = None  # None: the default process group
 
     def barrier(self) -> None:
-        self._dist.barrier()
+        self._dist.barrier(group=self._group)
 
     def gather(self, obj: T, root: int = 0) -> list[T] | None:
         out: list[T] | None = [None] * self.size if self.rank == root else None  # type: ignore[list-item]
-        self._dist.gather_object(obj, out, dst=root)
+        self._dist.gather_object(obj, out, dst=root, group=self._group)
         return out
 
     def bcast(self, obj: T, root: int = 0) -> T:
         box = [obj]
-        self._dist.broadcast_object_list(box, src=root)
+        self._dist.broadcast_object_list(box, src=root, group=self._group)
         return box[0]
 
     def allgather(self, obj: T) -> list[T]:
         out: list[T] = [None] * self.size  # type: ignore[list-item]
-        self._dist.all_gather_object(out, obj)
+        self._dist.all_gather_object(out, obj, group=self._group)
         return out
+
+    def dup(self) -> Comm:
+        """A new gloo group over every rank (``new_group`` is itself collective)."""
+        clone = copy.copy(self)
+        clone._group = self._dist.new_group(backend="gloo")
+        clone._owns = False
+        clone._executor = None
+        return clone
 
     def abort(self, code: int = 1) -> NoReturn:
         """Exit now: torchrun's agent sees a failed worker and stops the others."""
@@ -191,6 +207,13 @@ class Collectives:
         """Every rank's ``obj`` (picklable), in rank order, on every rank."""
         out: list[T] = await self._call("all-gather", self._ops.all_gather, obj)
         return out
+
+    async def duplicate(self) -> Collectives:
+        """The same ranks over a second channel of the transport, for a side conversation
+        (a flag at each training step) that must never interleave with this one's collectives
+        running meanwhile on the helper thread. Collective: every rank calls it in the same order."""
+        ops = await self._call("duplicate", self._ops.dup)
+        return Collectives(ops, backend=self.backend, rank=self.rank, world_size=self.world_size)
 
     def _check_rank(self, rank: int) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:

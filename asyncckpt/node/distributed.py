@@ -14,6 +14,7 @@ event loop, or the ``a*`` methods, which run them on the communicator's own thre
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -100,6 +101,12 @@ class Comm:
         """End the whole job now: no rank is left waiting at a collective."""
         os._exit(code)
 
+    def dup(self) -> Comm:
+        """A second communicator over the same ranks (collective: every rank calls it, in the
+        same order), whose collectives never interleave with this one's: a side channel whose
+        calls may overlap this one's from another thread."""
+        return Comm(self.info)
+
     # -- from a coroutine: on the communicator's own thread, the loop keeps turning ---------
     async def _call(self, fn: Callable[..., T], *args: object) -> T:
         if self._executor is None:
@@ -147,6 +154,7 @@ class MPIComm(Comm):
         node.Free()
         super().__init__(info)
         self._world = world
+        self._mpi = mpi
         # Collectives from a helper thread need THREAD_SERIALIZED; below that, call inline.
         self._threaded = mpi.Query_thread() >= mpi.THREAD_SERIALIZED
         self.cpu_sharers = sharers
@@ -167,6 +175,14 @@ class MPIComm(Comm):
     def allgather(self, obj: T) -> list[T]:
         out: list[T] = self._world.allgather(obj)
         return out
+
+    def dup(self) -> Comm:
+        if self._mpi.Query_thread() < self._mpi.THREAD_MULTIPLE:  # two threads call collectives
+            raise ConfigError("a second MPI communicator used beside the first needs THREAD_MULTIPLE")
+        clone = copy.copy(self)
+        clone._world = self._world.Dup()
+        clone._executor = None
+        return clone
 
     def abort(self, code: int = 1) -> NoReturn:
         self._world.Abort(code)

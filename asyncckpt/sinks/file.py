@@ -62,7 +62,12 @@ def memory_file_system(fd: int) -> str | None:
 
 
 def path_from_uri(uri: str) -> Path:
-    """``/a/b``, ``~/a``, ``file:///a/b`` → a path; other schemes are not files."""
+    """``/a/b``, ``~/a``, ``file:///a/b``, ``direct:///a/b`` (``direct://a/b``: relative) →
+    a path; other schemes are not files."""
+    if uri[:9].lower() == "direct://":
+        if not uri[9:]:
+            raise ConfigError(f"{uri!r} names no path; use direct:///absolute/path or direct://relative/path")
+        return Path(unquote(uri[9:])).expanduser()
     if uri.startswith("file:"):
         parts = urlsplit(uri)
         if parts.netloc not in ("", "localhost"):

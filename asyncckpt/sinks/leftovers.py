@@ -117,7 +117,7 @@ async def find(
     """The leftovers at ``uri``: a directory or file path, or an ``s3://bucket/prefix``."""
     if scheme_of(uri) == "s3":
         return await s3_leftovers(uri, older_than, options or {})
-    if scheme_of(uri) not in ("", "file"):
+    if scheme_of(uri) not in ("", "file", "direct"):
         raise ConfigError(f"cleanup works on files and s3:// prefixes, not {uri!r}")
     return await asyncio.to_thread(file_leftovers, uri, older_than)
 

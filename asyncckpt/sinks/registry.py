@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError, UnsupportedSchemeError
 from .base import Sink, SinkOptions
+from .direct import DirectFileSink
 from .file import FileSink, path_from_uri
 from .memory import MemorySink, NullSink
 from .s3 import S3_BACKENDS, auto_backend, factory, make_auto, sink_class
@@ -20,13 +21,21 @@ SinkFactory = Callable[..., Sink]
 #: backend name → factory; object-store backends register here too
 BACKENDS: dict[str, SinkFactory] = {
     "file": FileSink,
+    "direct": DirectFileSink,  # files with O_DIRECT required
     "null": NullSink,
     "memory": MemorySink,
     "s3": make_auto,  # s3dlio when installed, else aiobotocore
     **{name: factory(name) for name in S3_BACKENDS},
 }
 #: URI scheme → default backend name
-SCHEMES: dict[str, str] = {"": "file", "file": "file", "null": "null", "memory": "memory", "s3": "s3"}
+SCHEMES: dict[str, str] = {
+    "": "file",
+    "file": "file",
+    "direct": "direct",
+    "null": "null",
+    "memory": "memory",
+    "s3": "s3",
+}
 
 
 def register_backend(name: str, factory: SinkFactory, *, scheme: str | None = None) -> None:
@@ -94,7 +103,7 @@ def capabilities(uri: str, backend: str | None = None) -> type[Sink]:
 
 
 def local_path(uri: str) -> Path | None:
-    """The local file system path ``uri`` names (a plain path or ``file://``), else None."""
+    """The local file system path ``uri`` names (a plain path, ``file://``, ``direct://``), else None."""
     return path_from_uri(uri) if capabilities(uri).has_directories else None
 
 

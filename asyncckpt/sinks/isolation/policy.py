@@ -22,7 +22,7 @@ START_METHODS = modes.choices(modes.StartMethod)
 #: read in this order when the caller gives no start method
 START_METHOD_ENV = env.START_METHOD_VARS
 #: backends that write local files or memory: no foreign runtime, fork is safe
-LOCAL_BACKENDS = frozenset({"file", "null", "memory"})
+LOCAL_BACKENDS = frozenset({"file", "direct", "null", "memory"})
 #: a missing method degrades along this chain
 _FALLBACK = ("fork", "forkserver", "spawn")
 
