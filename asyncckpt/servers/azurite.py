@@ -32,7 +32,8 @@ from .azure_auth import account_sas, shared_key_request
 from .emulator_process import AsyncServer, ChildServer, EmulatorUnavailableError, start_with_free_port
 from .s3endpoint import RETRY_STATUSES, STARTUP_DEADLINE_S
 
-AZURITE_VERSION = "3.37.0"
+#: the newest Azurite whose package accepts Debian 12's Node 18 (3.36 asks for Node >= 21, 3.37 for >= 22)
+AZURITE_VERSION = "3.35.0"
 ACCOUNT = "devstoreaccount1"
 #: Azurite's published development key (public, in Microsoft's docs); a Secret all the same
 ACCOUNT_KEY = Secret(
