@@ -6,7 +6,7 @@ set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "setup_system.sh: not root or no apt-get; skipping system packages" \
-         "(MPI and Swift tests will be skipped with a reason)" >&2
+         "(MPI, Swift and two-node tests will be skipped with a reason)" >&2
     exit 0
 fi
 
@@ -43,6 +43,13 @@ setup_fio() {
     apt_install fio
 }
 
+# iproute2 (ip netns, veth, bridge) and util-linux (unshare): the two-node bed of
+# tests/nodes.py (tests/test_nodes.py); mount and hostname are Essential on Debian
+setup_netns() {
+    apt_install iproute2 util-linux
+}
+
 setup_openmpi
+setup_netns
 setup_swift
 setup_fio

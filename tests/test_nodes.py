@@ -1,0 +1,170 @@
+"""Real nodes on one machine (issue 26's test bed, tests/nodes.py): two network namespaces,
+each with its own node-local directory, a torchrun job spanning both, the store on the bridge.
+
+Root only: elsewhere every test here skips with the reason (``nox -s nodes`` runs just them).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncckpt.servers.s3endpoint import S3Endpoint
+
+from . import nodes
+from .launch import ROOT, child_env
+
+pytestmark = pytest.mark.nodes
+
+RDZV_PORT = 29400  # node A's own namespace: nothing else listens there
+JOB_TIMEOUT_S = 120  # 2 agents + 4 ranks importing torch on 2 shared cores
+
+
+def start(node: nodes.Node, argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        node.command(argv), env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finish(procs: Sequence[subprocess.Popen[str]], timeout: float) -> None:
+    """Wait for ``procs``; any that fails (or hangs: the bed's teardown kills it) fails the test."""
+    errors = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=timeout)
+        if proc.returncode != 0:
+            errors.append(f"rc {proc.returncode}: {err[-3000:]}")
+    assert not errors, "\n".join(errors)
+
+
+def python(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tests.nodes_child", *args]
+
+
+@pytest.fixture(scope="module")
+def job(
+    node_bed: nodes.Bed, bed_store: tuple[S3Endpoint, str], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """One torchrun job, 2 nodes x 2 ranks, c10d rendezvous on node A; then a 1-node reload."""
+    ep, bucket = bed_store
+    out = tmp_path_factory.mktemp("nodes-job")
+    root = f"s3://{bucket}/run"
+    env = child_env(**ep.env(), AWS_EC2_METADATA_DISABLED="true")
+    rdzv = f"{node_bed.nodes[0].hostname}:{RDZV_PORT}"
+    torchrun = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv, "--max-restarts", "0", "--monitor-interval", "0.1",
+        "-m", "tests.nodes_child", "job", str(out), str(node_bed.local), root,
+    ]  # fmt: skip
+    finish([start(node, torchrun, env) for node in node_bed.nodes], JOB_TIMEOUT_S)
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    finish([start(node_bed.nodes[1], python("reload", str(out), root, "4"), env)], 60)
+    return {"ranks": ranks, "reload": json.loads((out / "reload.json").read_text()), "root": root}
+
+
+def test_every_rank_sees_its_node(job: dict[str, Any]) -> None:
+    ranks = job["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3] and {r["world"] for r in ranks} == {4}
+    assert {r["backend"] for r in ranks} == {"torch"}
+    hosts = {r["hostname"] for r in ranks}
+    assert hosts == {"node-a", "node-b"}  # two nodes: each rank's own UTS name
+    for host in hosts:
+        mine = [r for r in ranks if r["hostname"] == host]
+        assert sorted(r["local_rank"] for r in mine) == [0, 1]
+        assert {r["group_rank"] for r in mine} == {mine[0]["rank"] // 2}  # node rank from the rendezvous
+        assert [r["rank"] for r in mine] == [2 * mine[0]["group_rank"] + i for i in (0, 1)]
+    for r in ranks:
+        assert r["local_ranks"] == [2, "LOCAL_WORLD_SIZE"]  # ranks on this node, not the world (4)
+        assert r["budget_local_ranks"] == 2  # the generator's divisor (the seed bug divided by 4)
+        assert r["comm"] == {"rank": r["rank"], "size": 4, "local_rank": r["local_rank"], "local_size": 2,
+                             "launcher": "torchrun"}  # fmt: skip
+        assert r["world"] // r["local_ranks"][0] == len(hosts) == 2  # node count
+
+
+def test_each_node_sees_only_its_own_local_directory(job: dict[str, Any], node_bed: nodes.Bed) -> None:
+    ranks = job["ranks"]
+    for r in ranks:  # listed by each rank at the same path, after every rank had saved there
+        peers = [p["rank"] for p in ranks if p["hostname"] == r["hostname"]]
+        assert r["seen_local"] == [f"rank{p}.safetensors" for p in peers]
+    for node in node_bed.nodes:  # and from the root namespace, in each node's own directory
+        peers = [p["rank"] for p in ranks if p["hostname"] == node.hostname]
+        assert sorted(p.name for p in node.disk.iterdir()) == [f"rank{p}.safetensors" for p in peers]
+    assert not list(node_bed.local.iterdir())  # the shared path itself holds nothing outside a node
+
+
+def test_save_step_from_both_nodes_commits_and_one_node_reload_verifies(job: dict[str, Any]) -> None:
+    names = [f"rank-{r}-of-4.safetensors" for r in range(4)]
+    assert [r["committed"] for r in job["ranks"]] == [names] * 4
+    assert job["reload"] == {"step": 1, "world": 4, "objects": names, "verified": [True] * 4}
+
+
+def test_deleting_one_nodes_local_directory_leaves_the_other(fresh_bed: nodes.Bed, tmp_path: Path) -> None:
+    env, local = child_env(), str(fresh_bed.local)
+    a, b = fresh_bed.nodes
+    finish([start(n, python("local-save", local, str(i + 10)), env) for i, n in enumerate((a, b))], 60)
+    # node A loses its local disk's contents (what a replaced or wiped node looks like)
+    finish([start(a, ["find", local, "-mindepth", "1", "-delete"], env)], 30)
+    outs = {n.name: tmp_path / f"{n.name}.json" for n in (a, b)}
+    finish([start(n, python("local-load", str(outs[n.name]), local), env) for n in (a, b)], 60)
+    got = {name: json.loads(path.read_text()) for name, path in outs.items()}
+    assert got["b"] == {"tag": 11, "ok": True, "listing": ["state.safetensors"]}  # verified, untouched
+    assert got["a"]["listing"] == [] and got["a"]["error"] == "TargetNotFoundError", got["a"]
+    assert not list(a.disk.iterdir()) and [p.name for p in b.disk.iterdir()] == ["state.safetensors"]
+
+
+def test_teardown_kills_node_processes_and_leaves_nothing() -> None:
+    reason = nodes.unavailable()
+    if reason is not None:
+        pytest.skip(f"two-node bed unavailable: {reason}")
+    made, lock = nodes.create()
+    try:
+        procs = [start(n, ["sh", "-c", "echo up; exec sleep 1000"], child_env()) for n in made.nodes]
+        for proc in procs:  # each is running inside its node before the teardown
+            assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+        assert all(n.pids() for n in made.nodes)
+    finally:
+        nodes.destroy(made, lock)
+    assert [proc.wait(timeout=10) for proc in procs] == [-signal.SIGKILL] * 2
+    for proc in procs:
+        proc.communicate()
+    assert nodes.leftovers(made.id) == []
+
+
+def test_sweeper_removes_the_bed_of_a_killed_run() -> None:
+    reason = nodes.unavailable()
+    if reason is not None:
+        pytest.skip(f"two-node bed unavailable: {reason}")
+    code = (
+        "import os, sys\nfrom tests import nodes\nbed, lock = nodes.create()\n"
+        "print(bed.id, flush=True)\nsys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=child_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    bed_id = proc.stdout.readline().strip()  # the bed is complete and the creator still holds it
+    try:
+        assert nodes.leftovers(bed_id) and bed_id not in nodes.stale_beds()  # a live bed is never swept
+    finally:
+        proc.kill()  # SIGKILL, no finalizer runs: what a killed test run leaves behind
+        proc.wait()
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.stdout.close()
+    try:
+        assert nodes.leftovers(bed_id)
+        assert bed_id in nodes.sweep_stale()
+        assert nodes.leftovers(bed_id) == []
+    finally:
+        nodes.destroy_names(bed_id)  # (a no-op once swept)
