@@ -23,6 +23,10 @@ and there is no persistent mount namespace to leak. ``/etc/netns/NS/hosts`` (whi
 cluster: gloo, torchrun's rendezvous and Open MPI use those names. The mount point and the
 nodes' directories are under the bed's own directory, so no global path is touched.
 
+``Bed.rsh`` is a remote shell for Open MPI (``--mca plm_rsh_agent``): ``mpirun --host
+node-a:2,node-b:2`` started on node a runs its ranks there itself and starts node b's orted
+through it, as ssh would on a cluster.
+
 Teardown (:func:`destroy`) kills every process in each namespace (``ip netns pids``), deletes
 the veths, namespaces, bridge, ``/etc/netns`` entries and the directory; it runs from a
 fixture finalizer. A bed whose creator was SIGKILLed is found by :func:`sweep_stale`: each
@@ -39,6 +43,7 @@ import itertools
 import os
 import re
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -91,6 +96,7 @@ class Bed:
     bridge: str
     gateway: str  # the bridge's address in the root namespace: the object store binds here
     nodes: tuple[Node, ...]
+    rsh: Path  # Open MPI's remote shell here: ``rsh HOST CMD...`` runs CMD on node HOST
 
     @property
     def local(self) -> Path:
@@ -225,7 +231,23 @@ def build(bed_id: str, net: ipaddress.IPv4Network, directory: Path) -> Bed:
         disk = directory / n
         disk.mkdir()
         nodes.append(Node(n, ns, f"node-{n}", address, disk, local))
-    return Bed(bed_id, directory, bridge, str(hosts[0]), tuple(nodes))
+    return Bed(bed_id, directory, bridge, str(hosts[0]), tuple(nodes), write_rsh(directory, nodes))
+
+
+def write_rsh(directory: Path, nodes: Sequence[Node]) -> Path:
+    """An ``rsh``/``ssh`` stand-in for ``mpirun --mca plm_rsh_agent``: ``rsh node-b CMD...``
+    runs the shell command CMD (joined as ssh joins it) on node-b, with that node's network,
+    host name and local directory. A local exec, so the command inherits mpirun's environment
+    as ``mpirun -x`` would have passed it."""
+    cases = "".join(f'  {n.hostname}) exec {shlex.join(n.command(["sh", "-c"]))} "$cmd" ;;\n' for n in nodes)
+    script = (
+        '#!/bin/sh\nhost="$1"; shift\ncmd="$*"\ncase "$host" in\n'
+        f'{cases}  *) echo "rsh: no node named $host" >&2; exit 255 ;;\nesac\n'
+    )
+    path = directory / "rsh"
+    path.write_text(script)
+    path.chmod(0o755)
+    return path
 
 
 def destroy_names(bed_id: str) -> None:

@@ -1,7 +1,8 @@
 """Programs run on the nodes of tests/nodes.py: ``python -m tests.nodes_child MODE ARGS``.
 
-``job OUT LOCAL ROOT`` (one rank of a torchrun job spanning both nodes): records what the
-rank sees of its place (rank, node-local rank and size from asyncckpt.node, host name), saves
+``job OUT LOCAL ROOT torch|mpi`` (one rank of a torchrun or mpirun job spanning both nodes):
+records what the rank sees of its place (rank, node-local rank and size from asyncckpt.node,
+host name), saves
 its state to the node-local directory ``LOCAL`` and lists that directory after a barrier,
 then saves step 1 under the remote ``ROOT`` with every rank (``save_step``). Writes
 ``OUT/rank<r>.json``.
@@ -76,7 +77,7 @@ async def job(out: Path, local: Path, root: str, phases: dict[str, float]) -> No
             "launcher": comm.info.launcher,
         },
         "budget_local_ranks": budget.local_ranks,
-        "group_rank": int(os.environ["GROUP_RANK"]),
+        "group_rank": int(os.environ.get("GROUP_RANK", -1)),  # torchrun's node rank
         "seen_local": seen,
         "committed": committed.objects,
         "phases": phases,
@@ -116,7 +117,9 @@ async def local_load(out: Path, local: Path) -> None:
 
 def main(argv: list[str]) -> None:
     mode, args = argv[0], argv[1:]
-    if mode == "job":
+    if mode == "job" and args[3] == "mpi":
+        asyncio.run(job(Path(args[0]), Path(args[1]), args[2], {}))
+    elif mode == "job":
         phases: dict[str, float] = {}
         import torch.distributed as dist
 

@@ -1,5 +1,6 @@
 """Real nodes on one machine (issue 26's test bed, tests/nodes.py): two network namespaces,
-each with its own node-local directory, a torchrun job spanning both, the store on the bridge.
+each with its own node-local directory, torchrun and mpirun jobs spanning both, the store on
+the bridge.
 
 Root only: elsewhere every test here skips with the reason (``nox -s nodes`` runs just them).
 """
@@ -7,6 +8,7 @@ Root only: elsewhere every test here skips with the reason (``nox -s nodes`` run
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.nodes
 
 RDZV_PORT = 29400  # node A's own namespace: nothing else listens there
 JOB_TIMEOUT_S = 120  # 2 agents + 4 ranks importing torch on 2 shared cores
+MPI_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
 def start(node: nodes.Node, argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[str]:
@@ -47,43 +50,77 @@ def python(*args: str) -> list[str]:
     return [sys.executable, "-m", "tests.nodes_child", *args]
 
 
-@pytest.fixture(scope="module")
-def job(
-    node_bed: nodes.Bed, bed_store: tuple[S3Endpoint, str], tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Any]:
-    """One torchrun job, 2 nodes x 2 ranks, c10d rendezvous on node A; then a 1-node reload."""
-    ep, bucket = bed_store
-    out = tmp_path_factory.mktemp("nodes-job")
-    root = f"s3://{bucket}/run"
-    env = child_env(**ep.env(), AWS_EC2_METADATA_DISABLED="true")
-    rdzv = f"{node_bed.nodes[0].hostname}:{RDZV_PORT}"
+def torchrun_on(bed: nodes.Bed, job: list[str]) -> list[tuple[nodes.Node, list[str]]]:
+    """One torchrun per node, 2 ranks each, c10d rendezvous on node A."""
     torchrun = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv, "--max-restarts", "0", "--monitor-interval", "0.1",
-        "-m", "tests.nodes_child", "job", str(out), str(node_bed.local), root,
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{bed.nodes[0].hostname}:{RDZV_PORT}",
+        "--max-restarts", "0", "--monitor-interval", "0.1",
     ]  # fmt: skip
-    finish([start(node, torchrun, env) for node in node_bed.nodes], JOB_TIMEOUT_S)
+    return [(node, [*torchrun, *job, "torch"]) for node in bed.nodes]
+
+
+def mpirun_on(bed: nodes.Bed, job: list[str]) -> list[tuple[nodes.Node, list[str]]]:
+    """One mpirun on node A (as on a cluster's first node) starting node B's ranks through the
+    bed's remote shell; ``--bind-to none``: 4 ranks on 2 cores."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not found: run tests/setup_system.sh (installs Open MPI)")
+    pytest.importorskip("mpi4py", reason="mpi4py not installed: pip install 'asyncckpt[mpi]'")
+    hosts = ",".join(f"{n.hostname}:2" for n in bed.nodes)
+    mpirun = [
+        "mpirun", "-np", "4", "--host", hosts, "--mca", "plm_rsh_agent", str(bed.rsh),
+        "--mca", "plm_rsh_no_tree_spawn", "1", "--bind-to", "none",
+    ]  # fmt: skip
+    return [(bed.nodes[0], [*mpirun, sys.executable, *job, "mpi"])]
+
+
+LAUNCHERS = {"torchrun": torchrun_on, "mpirun": mpirun_on}
+
+
+@pytest.fixture(scope="module", params=sorted(LAUNCHERS))
+def job(
+    request: pytest.FixtureRequest,
+    node_bed: nodes.Bed,
+    bed_store: tuple[S3Endpoint, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
+    """One job of 2 nodes x 2 ranks (torchrun or mpirun), then a 1-node reload of its step."""
+    launcher: str = request.param
+    ep, bucket = bed_store
+    out = tmp_path_factory.mktemp(f"nodes-{launcher}")
+    root, local = f"s3://{bucket}/{launcher}", node_bed.local / launcher
+    for node in node_bed.nodes:  # the job's own directory on each node's disk
+        (node.disk / launcher).mkdir()
+    env = child_env(**ep.env(), AWS_EC2_METADATA_DISABLED="true", **MPI_ROOT)
+    argv = ["-m", "tests.nodes_child", "job", str(out), str(local), root]  # python's arguments
+    finish([start(node, cmd, env) for node, cmd in LAUNCHERS[launcher](node_bed, argv)], JOB_TIMEOUT_S)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
     finish([start(node_bed.nodes[1], python("reload", str(out), root, "4"), env)], 60)
-    return {"ranks": ranks, "reload": json.loads((out / "reload.json").read_text()), "root": root}
+    reload = json.loads((out / "reload.json").read_text())
+    return {"launcher": launcher, "ranks": ranks, "reload": reload}
 
 
 def test_every_rank_sees_its_node(job: dict[str, Any]) -> None:
     ranks = job["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3] and {r["world"] for r in ranks} == {4}
-    assert {r["backend"] for r in ranks} == {"torch"}
+    torch = job["launcher"] == "torchrun"
+    assert {r["backend"] for r in ranks} == {"torch" if torch else "mpi"}
     hosts = {r["hostname"] for r in ranks}
     assert hosts == {"node-a", "node-b"}  # two nodes: each rank's own UTS name
     for host in hosts:
         mine = [r for r in ranks if r["hostname"] == host]
-        assert sorted(r["local_rank"] for r in mine) == [0, 1]
-        assert {r["group_rank"] for r in mine} == {mine[0]["rank"] // 2}  # node rank from the rendezvous
-        assert [r["rank"] for r in mine] == [2 * mine[0]["group_rank"] + i for i in (0, 1)]
+        assert [r["local_rank"] for r in mine] == [0, 1]  # consecutive global ranks per node
+        assert [r["rank"] for r in mine] == [mine[0]["rank"], mine[0]["rank"] + 1]
+        if torch:  # the node rank the c10d rendezvous gave this node
+            assert {r["group_rank"] for r in mine} == {mine[0]["rank"] // 2}
+    source = "LOCAL_WORLD_SIZE" if torch else "mpi4py COMM_TYPE_SHARED, 2 sharing this CPU set"
     for r in ranks:
-        assert r["local_ranks"] == [2, "LOCAL_WORLD_SIZE"]  # ranks on this node, not the world (4)
+        assert r["local_ranks"] == [2, source]  # ranks on this node, not the world (4)
         assert r["budget_local_ranks"] == 2  # the generator's divisor (the seed bug divided by 4)
-        assert r["comm"] == {"rank": r["rank"], "size": 4, "local_rank": r["local_rank"], "local_size": 2,
-                             "launcher": "torchrun"}  # fmt: skip
+        assert r["comm"] == {
+            "rank": r["rank"], "size": 4, "local_rank": r["local_rank"], "local_size": 2,
+            "launcher": "torchrun" if torch else "mpi",
+        }  # fmt: skip
         assert r["world"] // r["local_ranks"][0] == len(hosts) == 2  # node count
 
 
@@ -94,7 +131,8 @@ def test_each_node_sees_only_its_own_local_directory(job: dict[str, Any], node_b
         assert r["seen_local"] == [f"rank{p}.safetensors" for p in peers]
     for node in node_bed.nodes:  # and from the root namespace, in each node's own directory
         peers = [p["rank"] for p in ranks if p["hostname"] == node.hostname]
-        assert sorted(p.name for p in node.disk.iterdir()) == [f"rank{p}.safetensors" for p in peers]
+        names = sorted(p.name for p in (node.disk / job["launcher"]).iterdir())
+        assert names == [f"rank{p}.safetensors" for p in peers]
     assert not list(node_bed.local.iterdir())  # the shared path itself holds nothing outside a node
 
 
