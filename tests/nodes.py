@@ -57,7 +57,7 @@ STATE = Path(tempfile.gettempdir()) / "asyncckpt-nodes"
 NETNS_PREFIX = "asyncckpt-"
 ETC_NETNS = Path("/etc/netns")
 NODE_NAMES = ("a", "b")
-CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
+CAPS = ((12, "CAP_NET_ADMIN"), (21, "CAP_SYS_ADMIN"))  # (bit in CapEff, name)
 #: runs inside the node's namespaces: hostname, node-local bind mount, then the command
 NODE_SH = 'hostname "$1" && mount --bind "$2" "$3" && shift 3 && exec "$@"'
 KILL_WAIT_S = 10.0
@@ -115,8 +115,11 @@ def unavailable() -> str | None:
     """Why this machine cannot build a bed (then its tests skip with that), or ``None``."""
     if not Path("/proc/self/ns/net").exists():
         return "no Linux network namespaces (/proc/self/ns/net)"
-    if os.geteuid() != 0 or not capability(CAP_NET_ADMIN) or not capability(CAP_SYS_ADMIN):
-        return "creating network namespaces and bind mounts needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN)"
+    if os.geteuid() != 0:
+        return "not root: network namespaces and bind mounts need root (CAP_NET_ADMIN, CAP_SYS_ADMIN)"
+    lacking = [name for bit, name in CAPS if not capability(bit)]
+    if lacking:
+        return f"root without {' and '.join(lacking)}: no network namespaces or bind mounts here"
     missing = [tool for tool in ("ip", "unshare", "mount", "hostname") if shutil.which(tool) is None]
     if missing:
         return f"missing {', '.join(missing)} (apt-get install iproute2 util-linux mount hostname)"

@@ -23,7 +23,7 @@ from asyncckpt.servers.s3endpoint import S3Endpoint
 from . import nodes
 from .launch import ROOT, child_env
 
-pytestmark = pytest.mark.nodes
+pytestmark = [pytest.mark.nodes, pytest.mark.timeout(300)]  # a job's setup is 15-30 s on a busy VM
 
 RDZV_PORT = 29400  # node A's own namespace: nothing else listens there
 JOB_TIMEOUT_S = 120  # 2 agents + 4 ranks importing torch on 2 shared cores
@@ -206,3 +206,19 @@ def test_sweeper_removes_the_bed_of_a_killed_run() -> None:
         assert nodes.leftovers(bed_id) == []
     finally:
         nodes.destroy_names(bed_id)  # (a no-op once swept)
+
+
+def test_without_cap_net_admin_every_node_test_skips_with_the_reason() -> None:
+    """The module run again by a root whose capabilities lack CAP_NET_ADMIN (a container's
+    root, say): every test skips, naming the capability; none errors or leaves anything."""
+    if nodes.unavailable() is not None or shutil.which("setpriv") is None:
+        pytest.skip("needs root with CAP_NET_ADMIN and setpriv (util-linux) to take it away")
+    drop = ["setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin", "--"]
+    pytest_args = ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_nodes.py"]
+    argv = [*drop, sys.executable, *pytest_args, "-k", "not without_cap"]
+    proc = subprocess.run(argv, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert "skipped" in summary and "passed" not in summary and "error" not in summary, summary
+    skips = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert skips and all("root without CAP_NET_ADMIN" in line for line in skips), skips
