@@ -10,6 +10,8 @@ then saves step 1 under the remote ``ROOT`` with every rank (``save_step``). Wri
 committed step under ``ROOT`` (a 1-node reload); writes ``OUT/reload.json``.
 ``local-save LOCAL TAG`` / ``local-load OUT LOCAL``: one process saves its node's state to
 ``LOCAL/state.safetensors``, or loads it back and writes what happened to ``OUT``.
+``put URI TAG`` / ``check URI TAG``: save the state of ``TAG`` to ``URI``; load it back verified
+(exit status 1 when it differs).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from asyncckpt.steps import latest_step, rank_object, read_commit, save_step, st
 #: S3 wants parts of 5 MiB or more; in-process writers: a writer process per rank would add a
 #: Python start and imports per rank to every run, and the bed is about where ranks run
 OPTIONS: dict[str, Any] = {"chunk_size": 5 << 20, "num_buffers": 4, "isolation": "none"}
+#: S3 through aiobotocore: s3dlio (the s3:// default when installed) imports torch, 6 s per
+#: process on the busy VM, which the processes that do not train would pay for nothing
+REMOTE: dict[str, Any] = {**OPTIONS, "backend": "aiobotocore"}
 STARTED = time.monotonic()
 
 
@@ -54,9 +59,13 @@ def same(state: dict[Any, Any], tag: int, step: int = 1) -> bool:
 async def job(out: Path, local: Path, root: str, phases: dict[str, float]) -> None:
     comm = job_comm()  # torch.distributed (initialised in __main__), as a training job has it
     budget = topology.thread_budget()
-    async with AsyncCheckpointer(**OPTIONS) as ckpt, get_collectives() as coll:
+    async with (
+        AsyncCheckpointer(**OPTIONS) as disk,
+        AsyncCheckpointer(**REMOTE) as ckpt,
+        get_collectives() as coll,
+    ):
         rank = coll.rank
-        await ckpt.save_state(str(local / f"rank{rank}.safetensors"), state_of(rank))
+        await disk.save_state(str(local / f"rank{rank}.safetensors"), state_of(rank))
         await coll.barrier()  # every rank's node-local save is done before anyone looks
         mark(phases, "saved_local")
         seen = sorted(await asyncio.to_thread(os.listdir, local))
@@ -86,7 +95,7 @@ async def job(out: Path, local: Path, root: str, phases: dict[str, float]) -> No
 
 
 async def reload(out: Path, root: str, world: int) -> None:
-    async with AsyncCheckpointer(**OPTIONS) as ckpt:
+    async with AsyncCheckpointer(**REMOTE) as ckpt:
         step = await latest_step(ckpt, root)
         assert step is not None, f"no committed step under {root}"
         record = await read_commit(ckpt, root, step)
@@ -115,6 +124,18 @@ async def local_load(out: Path, local: Path) -> None:
     await asyncio.to_thread(out.write_text, json.dumps(result))
 
 
+async def put(uri: str, tag: int) -> None:
+    async with AsyncCheckpointer(**REMOTE) as ckpt:
+        await ckpt.save_state(uri, state_of(tag))
+
+
+async def check(uri: str, tag: int) -> None:
+    async with AsyncCheckpointer(**REMOTE) as ckpt:
+        loaded = await ckpt.load_state(uri)
+    if not same(loaded.state, tag):
+        sys.exit(f"{uri}: not the state of {tag}")
+
+
 def main(argv: list[str]) -> None:
     mode, args = argv[0], argv[1:]
     if mode == "job" and args[3] == "mpi":
@@ -136,6 +157,8 @@ def main(argv: list[str]) -> None:
         asyncio.run(local_save(Path(args[0]), int(args[1])))
     elif mode == "local-load":
         asyncio.run(local_load(Path(args[0]), Path(args[1])))
+    elif mode in ("put", "check"):
+        asyncio.run((put if mode == "put" else check)(args[0], int(args[1])))
     else:
         sys.exit(f"unknown mode {mode!r}")
 

@@ -156,6 +156,18 @@ def test_deleting_one_nodes_local_directory_leaves_the_other(fresh_bed: nodes.Be
     assert not list(a.disk.iterdir()) and [p.name for p in b.disk.iterdir()] == ["state.safetensors"]
 
 
+def test_both_nodes_reach_swift_on_the_bridge(node_bed: nodes.Bed, bed_swift: tuple[S3Endpoint, str]) -> None:
+    """The real object store too: each node saves an object to Swift, the other loads it verified."""
+    ep, bucket = bed_swift
+    env = child_env(**ep.env(), AWS_EC2_METADATA_DISABLED="true")
+    uris = {n.name: f"s3://{bucket}/{n.hostname}.safetensors" for n in node_bed.nodes}
+    a, b = node_bed.nodes
+    finish([start(n, python("put", uris[n.name], str(i)), env) for i, n in enumerate((a, b))], 60)
+    finish(
+        [start(a, python("check", uris["b"], "1"), env), start(b, python("check", uris["a"], "0"), env)], 60
+    )
+
+
 def test_teardown_kills_node_processes_and_leaves_nothing() -> None:
     reason = nodes.unavailable()
     if reason is not None:

@@ -6,6 +6,8 @@
   CAP_NET_ADMIN, no ``ip``).
 - ``bed_store`` (module scope): a moto S3 server of its own bound to the bed's bridge
   address (both nodes and the test process reach it) and a fresh bucket on it.
+- ``bed_swift`` (module scope): the same with OpenStack Swift (its S3 proxy on the bridge);
+  skipped with the reason where Swift is unavailable, as the ``swift`` S3 tests are.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from asyncckpt.servers.embedded import MotoServer
+from asyncckpt.servers.embedded_swift import SwiftServer, SwiftUnavailableError
 from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .. import nodes
@@ -34,6 +37,19 @@ def node_bed() -> Iterator[nodes.Bed]:
 def bed_store(node_bed: nodes.Bed) -> Iterator[tuple[S3Endpoint, str]]:
     with MotoServer(host=node_bed.gateway) as ep:
         yield ep, ep.create_bucket()
+
+
+@pytest.fixture(scope="module")
+def bed_swift(node_bed: nodes.Bed) -> Iterator[tuple[S3Endpoint, str]]:
+    server = SwiftServer(host=node_bed.gateway)
+    try:
+        ep = server.start()
+    except SwiftUnavailableError as exc:
+        pytest.skip(f"Swift S3 server unavailable: {exc}")
+    try:
+        yield ep, ep.create_bucket()
+    finally:
+        server.stop()
 
 
 @pytest.fixture
