@@ -29,9 +29,10 @@ through it, as ssh would on a cluster.
 
 Teardown (:func:`destroy`) kills every process in each namespace (``ip netns pids``), deletes
 the veths, namespaces, bridge, ``/etc/netns`` entries and the directory; it runs from a
-fixture finalizer. A bed whose creator was SIGKILLed is found by :func:`sweep_stale`: each
-bed holds an ``flock`` on its directory's ``lock`` file for its life, and the kernel drops it
-when the process dies, whatever killed it (so a reused pid is no problem).
+fixture finalizer. Node commands get SIGKILL when their starter dies (``setpriv
+--pdeathsig``). A bed whose creator was SIGKILLed is found by :func:`sweep_stale`: each bed
+holds an ``flock`` on its directory's ``lock`` file for its life, and the kernel drops it when
+the process dies, whatever killed it (so a reused pid is no problem).
 """
 
 from __future__ import annotations
@@ -81,9 +82,12 @@ class Node:
     local: Path  # the node-local path, the same on every node
 
     def command(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` to run on this node: its network, host name and local directory."""
+        """``argv`` to run on this node: its network, host name and local directory. It gets
+        SIGKILL when the thread that started it dies (``setpriv --pdeathsig``), so a killed
+        test run does not leave a job running until the next sweep."""
         sh = ["sh", "-c", NODE_SH, "node", self.hostname, str(self.disk), str(self.local)]
-        return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--", *sh, *argv]
+        netns = ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--"]
+        return ["setpriv", "--pdeathsig", "KILL", "--", *netns, *sh, *argv]
 
     def pids(self) -> list[int]:
         return netns_pids(self.netns)
@@ -120,7 +124,9 @@ def unavailable() -> str | None:
     lacking = [name for bit, name in CAPS if not capability(bit)]
     if lacking:
         return f"root without {' and '.join(lacking)}: no network namespaces or bind mounts here"
-    missing = [tool for tool in ("ip", "unshare", "mount", "hostname") if shutil.which(tool) is None]
+    missing = [
+        tool for tool in ("ip", "unshare", "setpriv", "mount", "hostname") if shutil.which(tool) is None
+    ]
     if missing:
         return f"missing {', '.join(missing)} (apt-get install iproute2 util-linux mount hostname)"
     return None
@@ -254,17 +260,29 @@ def write_rsh(directory: Path, nodes: Sequence[Node]) -> Path:
 
 
 def destroy_names(bed_id: str) -> None:
-    """Remove everything of bed ``bed_id`` that exists (its processes first)."""
+    """Remove everything of bed ``bed_id`` that exists (its processes first).
+
+    A step that fails does not stop the others; then the bed's directory stays, so the next
+    :func:`sweep_stale` tries again, and :class:`BedError` says what failed.
+    """
     bridge, netns, veth = names(bed_id)
     existing = set(run("ip", "netns", "list", check=False).stdout.split())
+    errors: list[str] = []
     for n in NODE_NAMES:
         if netns[n] in existing:
-            kill_all(netns_pids(netns[n]))
+            try:
+                kill_all(netns_pids(netns[n]))
+            except BedError as exc:
+                errors.append(f"{netns[n]}: {exc}")
         run("ip", "link", "del", veth[n], check=False)  # both ends, now (a netns delete defers it)
-        if netns[n] in existing:
-            run("ip", "netns", "del", netns[n])
+        if netns[n] in existing and not errors:  # (kept while a process may live on in it)
+            deleted = run("ip", "netns", "del", netns[n], check=False)
+            if deleted.returncode:
+                errors.append(deleted.stderr.strip())
         shutil.rmtree(ETC_NETNS / netns[n], ignore_errors=True)
     run("ip", "link", "del", bridge, check=False)
+    if errors:
+        raise BedError(f"bed {bed_id} not fully removed: {'; '.join(errors)}")
     shutil.rmtree(STATE / bed_id, ignore_errors=True)
     with contextlib.suppress(OSError):  # /etc/netns itself, once no bed uses it
         ETC_NETNS.rmdir()

@@ -8,6 +8,8 @@ Root only: elsewhere every test here skips with the reason (``nox -s nodes`` run
 from __future__ import annotations
 
 import json
+import os
+import select
 import shutil
 import signal
 import subprocess
@@ -40,7 +42,13 @@ def finish(procs: Sequence[subprocess.Popen[str]], timeout: float) -> None:
     """Wait for ``procs``; any that fails (or hangs: the bed's teardown kills it) fails the test."""
     errors = []
     for proc in procs:
-        _, err = proc.communicate(timeout=timeout)
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:  # (what they started inside the nodes dies with the bed)
+                p.kill()
+                p.communicate()
+            raise
         if proc.returncode != 0:
             errors.append(f"rc {proc.returncode}: {err[-3000:]}")
     assert not errors, "\n".join(errors)
@@ -186,13 +194,16 @@ def test_teardown_kills_node_processes_and_leaves_nothing() -> None:
     assert nodes.leftovers(made.id) == []
 
 
-def test_sweeper_removes_the_bed_of_a_killed_run() -> None:
+def test_a_killed_run_leaves_no_job_and_the_sweeper_removes_its_bed() -> None:
     reason = nodes.unavailable()
     if reason is not None:
         pytest.skip(f"two-node bed unavailable: {reason}")
-    code = (
-        "import os, sys\nfrom tests import nodes\nbed, lock = nodes.create()\n"
-        "print(bed.id, flush=True)\nsys.stdin.read()\n"
+    code = (  # a test run that built a bed and started a job on node a
+        "import subprocess, sys\nfrom tests import nodes\nbed, lock = nodes.create()\n"
+        "argv = bed.nodes[0].command(['sh', '-c', 'echo up; exec sleep 1000'])\n"
+        "job = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)\n"
+        "assert job.stdout.readline() == 'up\\n'\n"
+        "print(bed.id, job.pid, flush=True)\nsys.stdin.read()\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
@@ -203,7 +214,8 @@ def test_sweeper_removes_the_bed_of_a_killed_run() -> None:
         text=True,
     )
     assert proc.stdout is not None
-    bed_id = proc.stdout.readline().strip()  # the bed is complete and the creator still holds it
+    bed_id, pid = proc.stdout.readline().split()  # the bed is complete, its creator holds it
+    job = os.pidfd_open(int(pid))  # the job inside node a
     try:
         assert nodes.leftovers(bed_id) and bed_id not in nodes.stale_beds()  # a live bed is never swept
     finally:
@@ -213,6 +225,9 @@ def test_sweeper_removes_the_bed_of_a_killed_run() -> None:
         proc.stdin.close()
         proc.stdout.close()
     try:
+        ended = select.select([job], [], [], 10)[0]  # the job dies with its starter (pdeathsig)
+        os.close(job)
+        assert ended, "the job on node a outlived the killed test run"
         assert nodes.leftovers(bed_id)
         assert bed_id in nodes.sweep_stale()
         assert nodes.leftovers(bed_id) == []
