@@ -129,6 +129,9 @@ def unavailable() -> str | None:
     ]
     if missing:
         return f"missing {', '.join(missing)} (apt-get install iproute2 util-linux mount hostname)"
+    probe = run("unshare", "--net", "--mount", "--uts", "true", check=False)  # e.g. a seccomp filter
+    if probe.returncode != 0:
+        return f"cannot create namespaces here: unshare: {probe.stderr.strip()}"
     return None
 
 
