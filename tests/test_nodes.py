@@ -60,6 +60,7 @@ def python(*args: str) -> list[str]:
 
 def torchrun_on(bed: nodes.Bed, job: list[str]) -> list[tuple[nodes.Node, list[str]]]:
     """One torchrun per node, 2 ranks each, c10d rendezvous on node A."""
+    pytest.importorskip("torch", reason="torch not installed: pip install 'asyncckpt[torch]'")
     torchrun = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{bed.nodes[0].hostname}:{RDZV_PORT}",
