@@ -48,6 +48,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -105,6 +106,40 @@ class Bed:
     @property
     def local(self) -> Path:
         return self.nodes[0].local
+
+
+#: torchrun's c10d rendezvous port, on node a's own address (nothing else listens there)
+RDZV_PORT = 29400
+#: what Open MPI needs to run as root (the bed is root-only)
+MPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def torchrun_commands(bed: Bed, python_args: Sequence[str], nproc: int = 2) -> list[tuple[Node, list[str]]]:
+    """One torchrun per node (start them all), ``nproc`` ranks each, c10d rendezvous on node a.
+
+    With c10d, torchrun gives node ranks in the order the agents join (``--node-rank`` is
+    ignored), so a test tells nodes apart by host name, not by start order.
+    """
+    torchrun = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(bed.nodes)),
+        "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{bed.nodes[0].hostname}:{RDZV_PORT}", "--max-restarts", "0",
+        "--monitor-interval", "0.1",
+    ]  # fmt: skip
+    return [(node, [*torchrun, *python_args]) for node in bed.nodes]
+
+
+def mpirun_command(bed: Bed, argv: Sequence[str], nproc: int = 2) -> tuple[Node, list[str]]:
+    """One mpirun, on node a as on a cluster's first node, ``nproc`` ranks per node; the other
+    nodes' orted start through :attr:`Bed.rsh`. ``--bind-to none``: more ranks than cores.
+    Give it :data:`MPI_ROOT_ENV` in its environment."""
+    hosts = ",".join(f"{n.hostname}:{nproc}" for n in bed.nodes)
+    mpirun = [
+        "mpirun", "-np", str(nproc * len(bed.nodes)), "--host", hosts,
+        "--mca", "plm_rsh_agent", str(bed.rsh), "--mca", "plm_rsh_no_tree_spawn", "1",
+        "--bind-to", "none",
+    ]  # fmt: skip
+    return bed.nodes[0], [*mpirun, *argv]
 
 
 def capability(bit: int) -> bool:

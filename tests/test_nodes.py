@@ -27,9 +27,7 @@ from .launch import ROOT, child_env
 
 pytestmark = [pytest.mark.nodes, pytest.mark.timeout(300)]  # a job's setup is 15-30 s on a busy VM
 
-RDZV_PORT = 29400  # node A's own namespace: nothing else listens there
 JOB_TIMEOUT_S = 120  # 2 agents + 4 ranks importing torch on 2 shared cores
-MPI_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
 def start(node: nodes.Node, argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[str]:
@@ -59,28 +57,15 @@ def python(*args: str) -> list[str]:
 
 
 def torchrun_on(bed: nodes.Bed, job: list[str]) -> list[tuple[nodes.Node, list[str]]]:
-    """One torchrun per node, 2 ranks each, c10d rendezvous on node A."""
     pytest.importorskip("torch", reason="torch not installed: pip install 'asyncckpt[torch]'")
-    torchrun = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{bed.nodes[0].hostname}:{RDZV_PORT}",
-        "--max-restarts", "0", "--monitor-interval", "0.1",
-    ]  # fmt: skip
-    return [(node, [*torchrun, *job, "torch"]) for node in bed.nodes]
+    return nodes.torchrun_commands(bed, [*job, "torch"])
 
 
 def mpirun_on(bed: nodes.Bed, job: list[str]) -> list[tuple[nodes.Node, list[str]]]:
-    """One mpirun on node A (as on a cluster's first node) starting node B's ranks through the
-    bed's remote shell; ``--bind-to none``: 4 ranks on 2 cores."""
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not found: run tests/setup_system.sh (installs Open MPI)")
     pytest.importorskip("mpi4py", reason="mpi4py not installed: pip install 'asyncckpt[mpi]'")
-    hosts = ",".join(f"{n.hostname}:2" for n in bed.nodes)
-    mpirun = [
-        "mpirun", "-np", "4", "--host", hosts, "--mca", "plm_rsh_agent", str(bed.rsh),
-        "--mca", "plm_rsh_no_tree_spawn", "1", "--bind-to", "none",
-    ]  # fmt: skip
-    return [(bed.nodes[0], [*mpirun, sys.executable, *job, "mpi"])]
+    return [nodes.mpirun_command(bed, [sys.executable, *job, "mpi"])]
 
 
 LAUNCHERS = {"torchrun": torchrun_on, "mpirun": mpirun_on}
@@ -100,7 +85,7 @@ def job(
     root, local = f"s3://{bucket}/{launcher}", node_bed.local / launcher
     for node in node_bed.nodes:  # the job's own directory on each node's disk
         (node.disk / launcher).mkdir()
-    env = child_env(**ep.env(), AWS_EC2_METADATA_DISABLED="true", **MPI_ROOT)
+    env = child_env(**ep.env(), AWS_EC2_METADATA_DISABLED="true", **nodes.MPI_ROOT_ENV)
     argv = ["-m", "tests.nodes_child", "job", str(out), str(local), root]  # python's arguments
     finish([start(node, cmd, env) for node, cmd in LAUNCHERS[launcher](node_bed, argv)], JOB_TIMEOUT_S)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
