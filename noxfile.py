@@ -85,6 +85,18 @@ def stress(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def nodes(session: nox.Session) -> None:
+    """Only the two-node tests (issue 26's bed, docs/testing-nodes.md): two network namespaces
+    as nodes, each with its own local directory, and real jobs spanning them. They need root
+    (namespaces, bind mounts) and skip with the reason elsewhere; the default "tests" session
+    runs them too."""
+    if os.path.exists("tests/setup_system.sh"):
+        session.run("bash", "tests/setup_system.sh", external=True)
+    session.install("-c", CONSTRAINTS, "-e", ".[test]")
+    session.run("python", "-m", "pytest", "-m", "nodes", "tests/test_nodes.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     session.install("-c", CONSTRAINTS, "ruff")  # pinned: a new release's rules must not fail CI
     session.run("ruff", "check", ".")

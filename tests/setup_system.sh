@@ -6,7 +6,7 @@ set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "setup_system.sh: not root or no apt-get; skipping system packages" \
-         "(MPI, Swift and Azurite tests will be skipped with a reason)" >&2
+         "(MPI, Swift, Azurite and two-node tests will be skipped with a reason)" >&2
     exit 0
 fi
 
@@ -50,7 +50,14 @@ setup_node() {
     apt_install nodejs npm
 }
 
+# iproute2 (ip netns, veth, bridge) and util-linux (unshare): the two-node bed of
+# tests/nodes.py (tests/test_nodes.py); mount and hostname are Essential on Debian
+setup_netns() {
+    apt_install iproute2 util-linux
+}
+
 setup_openmpi
+setup_netns
 setup_swift
 setup_fio
 setup_node

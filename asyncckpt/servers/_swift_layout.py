@@ -40,12 +40,15 @@ def render_configs(
     log_level: str,
     secret: str,
     region: str,
+    proxy_host: str = "127.0.0.1",
 ) -> dict[str, str]:
-    """File name → contents for swift.conf and the four server configs."""
+    """File name → contents for swift.conf and the four server configs (the proxy, the S3
+    endpoint, binds ``proxy_host``; the servers behind it stay on 127.0.0.1)."""
 
     def default(name: str, n: int) -> str:
+        host = proxy_host if name == "proxy" else "127.0.0.1"
         return (
-            f"[DEFAULT]\nbind_ip = 127.0.0.1\nbind_port = {ports[name]}\nbind_timeout = 1\nworkers = {n}\n"
+            f"[DEFAULT]\nbind_ip = {host}\nbind_port = {ports[name]}\nbind_timeout = 1\nworkers = {n}\n"
             f"swift_dir = {etc}\ndevices = {devices}\nmount_check = false\nuser = {user}\n"
             f"log_level = {log_level}\nlog_name = {name}\n\n"
         )

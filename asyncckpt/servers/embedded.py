@@ -29,16 +29,18 @@ MOTO_SECRET_KEY = "moto-test-secret-Jp3xW9"
 
 
 class MotoServer:
-    """moto's ThreadedMotoServer on 127.0.0.1 (OS-chosen port) in a child process; a context manager.
+    """moto's ThreadedMotoServer on ``host`` (127.0.0.1) at an OS-chosen port, in a child process.
 
     In the caller's process moto's request handling would hold the GIL and stall its event
     loop (up to 0.07 s per request measured in tests); as a child it competes for CPU only.
     ``auth=True`` makes moto enforce IAM credentials after the first ``unauthenticated``
     requests (used to provision a user). Stopping it is an immediate outage (SIGKILL).
+    ``host``: another local address to bind, e.g. a bridge that network namespaces reach
+    (tests/nodes.py); only an address of this machine, never a wildcard.
     """
 
-    def __init__(self, *, auth: bool = False, unauthenticated: int = 3) -> None:
-        self.auth, self.unauthenticated = auth, unauthenticated
+    def __init__(self, *, auth: bool = False, unauthenticated: int = 3, host: str = "127.0.0.1") -> None:
+        self.auth, self.unauthenticated, self.host = auth, unauthenticated, host
         self._proc: subprocess.Popen[str] | None = None
         self.endpoint: S3Endpoint | None = None
 
@@ -55,7 +57,7 @@ class MotoServer:
         if self.auth:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(self.unauthenticated)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncckpt.servers.embedded", "serve-moto"],
+            [sys.executable, "-m", "asyncckpt.servers.embedded", "serve-moto", self.host],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -63,7 +65,7 @@ class MotoServer:
             text=True,
         )
         assert proc.stdout is not None and proc.stderr is not None
-        line = proc.stdout.readline()  # "ENDPOINT http://127.0.0.1:PORT" once bound
+        line = proc.stdout.readline()  # "ENDPOINT http://HOST:PORT" once bound
         if not line.startswith("ENDPOINT "):
             proc.kill()
             _, err = proc.communicate()
@@ -86,12 +88,12 @@ class MotoServer:
                 stream.close()
 
 
-def _serve_moto() -> None:
+def _serve_moto(host: str) -> None:
     """Child side of :class:`MotoServer`: print the endpoint, serve until stdin closes."""
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = ThreadedMotoServer(ip_address=host, port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()  # the port the OS actually bound
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -137,6 +139,8 @@ def start_for_bench(stack: contextlib.ExitStack, kind: str) -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["serve-moto"]:
-        sys.exit("usage: python -m asyncckpt.servers.embedded serve-moto  (internal: MotoServer's child)")
-    _serve_moto()
+    if sys.argv[1:2] != ["serve-moto"] or len(sys.argv) > 3:
+        sys.exit(
+            "usage: python -m asyncckpt.servers.embedded serve-moto [HOST]  (internal: MotoServer's child)"
+        )
+    _serve_moto(sys.argv[2] if len(sys.argv) == 3 else "127.0.0.1")

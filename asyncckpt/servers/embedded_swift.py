@@ -148,7 +148,9 @@ class SwiftServer:
     full-disk tests. ``workers`` is the proxy and object server worker count. Unless
     ``detach``, each server gets SIGTERM when the thread that started it dies (``setpriv
     --pdeathsig``), so a killed test run leaves nothing behind; ``detach=True`` (the CLI's
-    ``start``) lets the servers outlive the starting process.
+    ``start``) lets the servers outlive the starting process. ``host``: the address the S3
+    endpoint (the proxy) binds, another local address such as a bridge that network
+    namespaces reach (tests/nodes.py); the servers behind it stay on 127.0.0.1.
     """
 
     workers: int = 1
@@ -157,6 +159,7 @@ class SwiftServer:
     install: bool = True
     detach: bool = False
     root: Path | None = None
+    host: str = "127.0.0.1"
     pids: dict[str, int] = field(default_factory=dict)
     endpoint: S3Endpoint | None = None
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
@@ -210,7 +213,7 @@ class SwiftServer:
         ports = dict(zip(("memcached", *SERVERS), free_ports(1 + len(SERVERS)), strict=True))
         user = pwd.getpwuid(os.geteuid()).pw_name
         for name, text in render_configs(
-            etc, self.devices, ports, user, self.workers, self.log_level, SECRET_KEY, REGION
+            etc, self.devices, ports, user, self.workers, self.log_level, SECRET_KEY, REGION, self.host
         ).items():
             (etc / name).write_text(text)
         self._run([SYSTEM_PYTHON, "-c", RING_SCRIPT, str(etc), str(ports["account"]),
@@ -221,7 +224,9 @@ class SwiftServer:
         for name in SERVERS:
             argv = [SYSTEM_PYTHON, f"/usr/bin/swift-{name}-server", str(etc / f"{name}-server.conf"), "-v"]
             self._spawn(name, argv, logs)
-        ep = S3Endpoint("swift", f"http://127.0.0.1:{ports['proxy']}", ACCESS_KEY, SECRET_KEY, REGION, QUIRKS)
+        ep = S3Endpoint(
+            "swift", f"http://{self.host}:{ports['proxy']}", ACCESS_KEY, SECRET_KEY, REGION, QUIRKS
+        )
         deadline = time.monotonic() + timeout
         while not ep.ready():
             self._check_alive(logs)
