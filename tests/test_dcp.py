@@ -21,6 +21,7 @@ from asyncckpt.integrations.dcp import (  # noqa: E402
     AsyncCkptStorageWriter,
     close_shared_threads,
 )
+from asyncckpt.integrations.dcp_convert import to_stock  # noqa: E402
 from asyncckpt.servers.s3endpoint import S3Endpoint  # noqa: E402
 
 from .dcp_child import expected  # noqa: E402
@@ -223,6 +224,10 @@ def test_process_based_async_save_on_two_gloo_ranks(tmp_path: Path) -> None:
     into = zeroed_expected()  # resharded on load: both ranks' shards into one full tensor
     with AsyncCkptStorageReader(tmp_path / "p2") as reader:
         dcp.load(into, storage_reader=reader)
+    assert_identical(into, expected())
+    to_stock(tmp_path / "p3", tmp_path / "stock")  # two ranks' objects in DCP's stock layout
+    into = zeroed_expected()
+    dcp.load(into, storage_reader=dcp.FileSystemReader(str(tmp_path / "stock")))
     assert_identical(into, expected())
 
 

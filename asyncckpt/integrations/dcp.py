@@ -330,17 +330,7 @@ class AsyncCkptStorageReader(_Storage, StorageReader):
                 f"no committed DCP checkpoint at {self.path!r}: {uri!r} does not exist (a save that did not "
                 "finish, or a wrong path)",
             ) from exc
-        try:
-            metadata = pickle.loads(blob)  # DCP's own format (and trust model): a pickled Metadata
-        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
-            raise ManifestError(f"{uri!r} is not a readable DCP metadata pickle: {exc}") from exc
-        if not isinstance(metadata, Metadata) or not all(
-            isinstance(loc, ItemLocation) for loc in (metadata.storage_data or {}).values()
-        ):
-            raise ManifestError(
-                f"{uri!r} is not the metadata of an AsyncCkptStorageWriter checkpoint "
-                "(a FileSystemWriter checkpoint is read with torch's FileSystemReader)"
-            )
+        metadata = parse_metadata(blob, uri)
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -385,8 +375,7 @@ class AsyncCkptStorageReader(_Storage, StorageReader):
         buf = bytearray(loc.length)  # a chunk to narrow (resharding) or convert: staged whole
 
         def place() -> None:
-            saved = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
-            part = saved.view(dtype).reshape(shape)
+            part = saved_tensor(buf, dtype, shape)
             for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
                 part = part.narrow(dim, start, length)
             if tuple(target.shape) != tuple(part.shape):
@@ -401,6 +390,28 @@ class AsyncCkptStorageReader(_Storage, StorageReader):
 
     def storage_meta(self) -> StorageMeta | None:
         return None
+
+
+def parse_metadata(blob: bytes, uri: str) -> Metadata:
+    """The ``.metadata`` of an :class:`AsyncCkptStorageWriter` checkpoint; ManifestError if not."""
+    try:
+        metadata = pickle.loads(blob)  # DCP's own format (and trust model): a pickled Metadata
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
+        raise ManifestError(f"{uri!r} is not a readable DCP metadata pickle: {exc}") from exc
+    if not isinstance(metadata, Metadata) or not all(
+        isinstance(loc, ItemLocation) for loc in (metadata.storage_data or {}).values()
+    ):
+        raise ManifestError(
+            f"{uri!r} is not the metadata of an AsyncCkptStorageWriter checkpoint "
+            "(a FileSystemWriter checkpoint is read with torch's FileSystemReader)"
+        )
+    return metadata
+
+
+def saved_tensor(buf: bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """The saved chunk whose raw bytes are ``buf`` (shares its memory)."""
+    raw = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
+    return raw.view(dtype).reshape(shape)
 
 
 @dataclass
