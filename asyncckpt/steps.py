@@ -29,7 +29,7 @@ from .node.collectives import Collectives, get_collectives
 from .owner import Owner, boot_id, host
 from .sinks.router import StorageRouter
 from .sinks.small import get_bytes, put_bytes
-from .state.hf_index import INDEX, ObjectTensors, hf_index
+from .state.hf_index import HF_METADATA, INDEX, ObjectTensors, hf_index
 from .state.results import StagedSave, StateLoadResult, StateSaveResult
 
 
@@ -40,7 +40,12 @@ class StepHost(Protocol):
     storage: StorageRouter
 
     async def save_state(
-        self, uri: str, state: Mapping[Any, Any], *, staging: StagingMode | str
+        self,
+        uri: str,
+        state: Mapping[Any, Any],
+        *,
+        staging: StagingMode | str,
+        metadata: Mapping[str, str] | None = None,
     ) -> StateSaveResult | StagedSave: ...
 
     async def load_state(
@@ -213,7 +218,7 @@ async def start_step(
     name = rank_object(coll.rank, coll.world_size)
     saving: StateSaveResult | StagedSave | Exception
     try:
-        saving = await ckpt.save_state(f"{base}/{name}", state, staging=staging)
+        saving = await ckpt.save_state(f"{base}/{name}", state, staging=staging, metadata=HF_METADATA)
     except Exception as exc:
         if coll.world_size == 1:
             raise

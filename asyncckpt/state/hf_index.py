@@ -22,6 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 INDEX = "model.safetensors.index.json"
+#: the ``__metadata__`` a step's objects carry for Hugging Face tools: ``transformers`` 4.x
+#: refuses a safetensors file whose metadata has no ``format`` of pt, tf, flax or mlx (the file
+#: layout is the same whatever the framework; 5.x no longer checks)
+HF_METADATA = {"format": "pt"}
 
 
 @dataclass(frozen=True)
