@@ -3,10 +3,13 @@
 Each rank writes ``rank-<r>-of-<w>.safetensors`` (``save_state``); every rank then reports
 its durable result to all (all-gather), and only after that does rank 0 write
 ``COMMITTED.json`` (step, world size, each rank's object, size and identity), last, as one
-atomic object. A step without that record was never complete (a rank died, a save failed):
-loads refuse it and :func:`latest_step` passes over it. ``OWNER.json``, written by rank 0
-when the step starts, names the process that owns the unfinished step (host, boot, pid), so
-a later run can remove it once that owner provably died (:mod:`asyncckpt.owner`).
+atomic object. Just before it, rank 0 writes the step's Hugging Face index
+(``model.safetensors.index.json``, :mod:`asyncckpt.state.hf_index`) when every tensor name is
+in exactly one rank's object, so a committed step opens with Hugging Face tools. A step
+without the commit record was never complete (a rank died, a save failed): loads refuse it
+and :func:`latest_step` passes over it. ``OWNER.json``, written by rank 0 when the step
+starts, names the process that owns the unfinished step (host, boot, pid), so a later run
+can remove it once that owner provably died (:mod:`asyncckpt.owner`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from .node.collectives import Collectives, get_collectives
 from .owner import Owner, boot_id, host
 from .sinks.router import StorageRouter
 from .sinks.small import get_bytes, put_bytes
+from .state.hf_index import HF_METADATA, INDEX, ObjectTensors, hf_index
 from .state.results import StagedSave, StateLoadResult, StateSaveResult
 
 
@@ -36,7 +40,12 @@ class StepHost(Protocol):
     storage: StorageRouter
 
     async def save_state(
-        self, uri: str, state: Mapping[Any, Any], *, staging: StagingMode | str
+        self,
+        uri: str,
+        state: Mapping[Any, Any],
+        *,
+        staging: StagingMode | str,
+        metadata: Mapping[str, str] | None = None,
     ) -> StateSaveResult | StagedSave: ...
 
     async def load_state(
@@ -209,7 +218,7 @@ async def start_step(
     name = rank_object(coll.rank, coll.world_size)
     saving: StateSaveResult | StagedSave | Exception
     try:
-        saving = await ckpt.save_state(f"{base}/{name}", state, staging=staging)
+        saving = await ckpt.save_state(f"{base}/{name}", state, staging=staging, metadata=HF_METADATA)
     except Exception as exc:
         if coll.world_size == 1:
             raise
@@ -229,13 +238,14 @@ async def _commit(
     after: asyncio.Future[Any] | None,
     metadata: dict[str, Any] | None,
 ) -> StepCommit:
-    mine: tuple[str, int, Any] | None = None
+    mine: tuple[str, int, Any, ObjectTensors] | None = None
     failure: Exception | None = saving if isinstance(saving, Exception) else None
     try:
         saved = await saving if isinstance(saving, StagedSave) else saving
         if isinstance(saved, StateSaveResult):
             facts = saved.save.metadata.extra
-            mine = (name, saved.save.size_bytes, facts.get("etag") or facts.get("identity"))
+            tensors = ObjectTensors(name, saved.tensor_names, saved.tensor_bytes)
+            mine = (name, saved.save.size_bytes, facts.get("etag") or facts.get("identity"), tensors)
     except Exception as exc:
         failure = exc
     if after is not None:  # the previous step's collectives first, on every rank
@@ -258,9 +268,19 @@ async def _commit(
         metadata=metadata,
     )
     if coll.is_coordinator:
+        await _put_index(ckpt, base, [e[3] for e in every if e])
         await put_record(ckpt, f"{base}/{COMMIT}", asdict(record))
     await coll.barrier()  # no rank reports the step committed before the record is there
     return record
+
+
+async def _put_index(ckpt: StepHost, base: str, objects: list[ObjectTensors]) -> None:
+    """The step's Hugging Face index (atomic, as any record), or none: a stale one is removed."""
+    index = hf_index(objects)
+    if index is not None:
+        await put_record(ckpt, f"{base}/{INDEX}", index)
+    elif INDEX in await _list(ckpt, base):  # left by an earlier save of this step number
+        await _delete(ckpt, f"{base}/{INDEX}")
 
 
 async def save_step(

@@ -42,7 +42,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from _common import emit, median
+from _common import bootstrap_ci, emit, median
 
 from asyncckpt import parse_size
 
@@ -53,6 +53,10 @@ METHODS = (
     "dcp_async_save",
     "asyncckpt_dcp",
     "asyncckpt_dcp_async",
+    # DCP's process-based async_save (a checkpoint daemon per rank), staged by a DefaultStager in
+    # shared memory in the background: DCP's own FileSystemWriter, then asyncckpt's writer
+    "dcp_async_process",
+    "asyncckpt_dcp_process",
     "save_state_none",
     "save_state_host",
 )
@@ -108,6 +112,13 @@ class Method:
         self.name, self.chunk, self.buffers = name, chunk, buffers
         self.thread: Any = None
         self.writer: Any = None
+        self.stager: Any = None
+        if name.endswith("_process"):
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            single_rank_group()
+            # shared memory, staged in the background (the call returns before the copy ends)
+            self.stager = DefaultStager(StagingOptions(False, True, True, False))
         if name.startswith("save_state"):
             from asyncckpt.config import CheckpointConfig
             from asyncckpt.integrations.loop_thread import CheckpointerThread
@@ -130,6 +141,19 @@ class Method:
                 f.flush()
                 os.fsync(f.fileno())
             return None
+        if self.name.endswith("_process"):
+            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+            if self.writer is not None:
+                self.writer.reset(path)
+            response = dcp.async_save(
+                state, checkpoint_id=path, async_stager=self.stager,
+                storage_writer=self.writer or dcp.FileSystemWriter(path),  # sync_files=True
+                async_checkpointer_type=AsyncCheckpointerType.PROCESS,
+            )  # fmt: skip
+            response.staging_completion.result()  # the training may change its tensors now
+            upload: Future[Any] = response.upload_completion
+            return upload
         if self.name in ("dcp_save", "dcp_async_save"):
             writer = dcp.FileSystemWriter(path)  # sync_files=True: fsync'd, as asyncckpt's
             if self.name == "dcp_save":
@@ -194,9 +218,24 @@ class Method:
         opt.load_state_dict(state["optim"])
 
     def close(self) -> None:
-        for owner in (self.thread, self.writer):
+        for owner in (self.thread, self.writer, self.stager):
             if owner is not None:
                 owner.close()
+
+
+def single_rank_group() -> None:
+    """A 1-rank gloo group: DCP's process-based async_save needs one (its daemon joins it)."""
+    import socket
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo")
 
 
 class PairedCopy:
@@ -538,7 +577,27 @@ def main() -> None:
         "args": {k: v for k, v in vars(args).items() if k != "child"},
         "runs": rows,
     }
+    for key in ("blocked_s", "blocked_steady_s", "write_s"):  # process mode, side by side
+        extra[f"process_{key}_ratio"] = paired(rows, "asyncckpt_dcp_process", "dcp_async_process", key)
     emit("training", summary, headers, extra)
+    for key in ("blocked_s", "blocked_steady_s", "write_s"):
+        if extra[f"process_{key}_ratio"]:
+            r = extra[f"process_{key}_ratio"]
+            print(f"asyncckpt_dcp_process / dcp_async_process {key}: median {r['median']:.3f} "
+                  f"95% CI [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] over {len(r['ratios'])} repeats",
+                  file=sys.stderr)  # fmt: skip
+
+
+def paired(rows: list[dict[str, Any]], a: str, b: str, key: str) -> dict[str, Any] | None:
+    """``a``'s ``key`` over ``b``'s, per repeat (the two ran back to back): median, 95 % CI."""
+    per: dict[int, dict[str, float]] = {}
+    for r in rows:
+        if r.get(key) is not None:
+            per.setdefault(r["repeat"], {})[r["method"]] = r[key]
+    ratios = [v[a] / v[b] for v in per.values() if a in v and b in v and v[b]]
+    if len(ratios) < 2:
+        return None
+    return {"median": median(ratios), "ci95": list(bootstrap_ci(ratios)), "ratios": ratios}
 
 
 if __name__ == "__main__":

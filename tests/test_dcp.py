@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,12 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 from asyncckpt import ChecksumMismatchError, ConfigError  # noqa: E402
-from asyncckpt.integrations.dcp import AsyncCkptStorageReader, AsyncCkptStorageWriter  # noqa: E402
+from asyncckpt.integrations.dcp import (  # noqa: E402
+    AsyncCkptStorageReader,
+    AsyncCkptStorageWriter,
+    close_shared_threads,
+)
+from asyncckpt.integrations.dcp_convert import to_stock  # noqa: E402
 from asyncckpt.servers.s3endpoint import S3Endpoint  # noqa: E402
 
 from .dcp_child import expected  # noqa: E402
@@ -204,3 +210,43 @@ def test_a_rank_killed_mid_save_publishes_nothing(tmp_path: Path) -> None:
     with AsyncCkptStorageReader(tmp_path / "partial") as reader, pytest.raises(CheckpointException) as info:
         dcp.load(into, storage_reader=reader)
     assert "no committed DCP checkpoint" in str(failure_of(info))
+
+
+@pytest.mark.torchrun
+def test_process_based_async_save_on_two_gloo_ranks(tmp_path: Path) -> None:
+    """Issue 27 item 5: ``async_save(async_checkpointer_type=PROCESS)`` hands the writer to DCP's
+    checkpoint daemon (pickled), with DCP's default stager and with a ``DefaultStager``."""
+    proc = torchrun("tests.dcp_process_child", str(tmp_path), timeout=180)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count(": loaded") == 2
+    for name in ("p1", "p2", "p3"):
+        assert sorted(os.listdir(tmp_path / name)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    into = zeroed_expected()  # resharded on load: both ranks' shards into one full tensor
+    with AsyncCkptStorageReader(tmp_path / "p2") as reader:
+        dcp.load(into, storage_reader=reader)
+    assert_identical(into, expected())
+    to_stock(tmp_path / "p3", tmp_path / "stock")  # two ranks' objects in DCP's stock layout
+    into = zeroed_expected()
+    dcp.load(into, storage_reader=dcp.FileSystemReader(str(tmp_path / "stock")))
+    assert_identical(into, expected())
+
+
+def test_a_pickled_writer_shares_one_thread_per_process(tmp_path: Path) -> None:
+    """What DCP's checkpoint daemon does with each save: unpickle the writer. Its copies share
+    one checkpointer thread (and pool); an unpicklable progress callback is a ConfigError."""
+    with AsyncCkptStorageWriter(tmp_path, chunk_size=CHUNK) as writer:
+        first, second = pickle.loads(pickle.dumps(writer)), pickle.loads(pickle.dumps(writer))
+        assert first.thread is second.thread and first.thread is not writer.thread
+        dcp.save({"w": torch.arange(10.0)}, storage_writer=first, checkpoint_id=tmp_path / "a")
+        assert [t for t in threading.enumerate() if t.name == "asyncckpt-dcp-writer"]
+        close_shared_threads()
+        assert not [t for t in threading.enumerate() if t.name.startswith("asyncckpt")]
+        into = {"w": torch.zeros(10)}
+        with AsyncCkptStorageReader(tmp_path / "a") as reader:
+            dcp.load(into, storage_reader=reader)
+        assert torch.equal(into["w"], torch.arange(10.0))
+    with (
+        AsyncCkptStorageWriter(tmp_path, progress=lambda n: None) as writer,
+        pytest.raises(ConfigError, match="cannot be pickled"),
+    ):
+        pickle.dumps(writer)

@@ -245,6 +245,7 @@ async def test_manager_on_s3_keeps_last_and_restores(s3_endpoint: S3Endpoint) ->
     assert keys == [
         "run/step-3/COMMITTED.json",
         "run/step-3/OWNER.json",
+        "run/step-3/model.safetensors.index.json",  # the Hugging Face index: retention removed the others'
         "run/step-3/rank-0-of-1.safetensors",
     ]
     async with CheckpointManager(root, **options) as again:
@@ -324,7 +325,8 @@ async def test_manager_raises_a_failed_save_and_cleans_its_step(moto_endpoint: S
         assert mgr.stats.saved == [2]
     finally:
         await front.stop()
-    assert [k.split("/")[1] for k in await s3_keys(moto_endpoint, bucket)] == ["step-2"] * 3
+    keys = await s3_keys(moto_endpoint, bucket)
+    assert [k.split("/")[1] for k in keys] == ["step-2"] * 4  # owner, object, index, commit
 
 
 async def test_manager_aclose_raises_a_failure_not_yet_raised(moto_endpoint: S3Endpoint) -> None:

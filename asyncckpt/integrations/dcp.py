@@ -18,10 +18,12 @@ The objects are asyncckpt objects (raw extents plus a sealed footer), so they ar
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import io
 import os
 import pickle
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -99,11 +101,38 @@ def _checkpoint_id(path: str | os.PathLike[str]) -> str:
     return text
 
 
+# DCP's process-based async_save sends the writer, pickled, to its checkpoint daemon with every
+# save: the copies of one writer share one checkpointer thread in that process (its pool stays
+# allocated between saves), closed when the process exits.
+_SHARED: dict[str, CheckpointerThread] = {}
+_SHARED_GUARD = threading.Lock()
+
+
+def _shared_thread(key: str, config: CheckpointConfig, name: str) -> CheckpointerThread:
+    with _SHARED_GUARD:
+        thread = _SHARED.get(key)
+        if thread is None:
+            if not _SHARED:
+                atexit.register(close_shared_threads)
+            thread = _SHARED[key] = CheckpointerThread(config, name=name)
+        return thread
+
+
+def close_shared_threads() -> None:
+    """Close the threads of unpickled writers (run at exit: a save in flight finishes first)."""
+    with _SHARED_GUARD:
+        threads = list(_SHARED.values())
+        _SHARED.clear()
+    for thread in threads:
+        thread.close()
+
+
 class _Storage:
     """What the writer and reader share: the checkpoint location and the checkpointer thread."""
 
     def __init__(self, path: str | os.PathLike[str], config: CheckpointConfig, role: str) -> None:
         self.path = _checkpoint_id(path)
+        self.config = config
         self.thread = CheckpointerThread(config, name=f"asyncckpt-dcp-{role}")
         self.rank: int | None = None
         self.use_collectives = True
@@ -162,6 +191,24 @@ class AsyncCkptStorageWriter(_Storage, StorageWriter):
         self.overwrite = overwrite
         self.progress = progress
         self.save_id = str(uuid.uuid4())
+        self.writer_id = str(uuid.uuid4())  # names its copies' shared thread in another process
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the thread: DCP's process-based ``async_save`` pickles the writer."""
+        if self.progress is not None:
+            try:
+                pickle.dumps(self.progress)
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                raise ConfigError(
+                    f"progress={self.progress!r} cannot be pickled ({exc}), and DCP's process-based "
+                    "async_save sends the writer to its checkpoint process: pass a module-level "
+                    "function, or no progress"
+                ) from None
+        return {k: v for k, v in self.__dict__.items() if k != "thread"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.thread = _shared_thread(self.writer_id, self.config, "asyncckpt-dcp-writer")
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         self.reset_path(checkpoint_id)
@@ -283,17 +330,7 @@ class AsyncCkptStorageReader(_Storage, StorageReader):
                 f"no committed DCP checkpoint at {self.path!r}: {uri!r} does not exist (a save that did not "
                 "finish, or a wrong path)",
             ) from exc
-        try:
-            metadata = pickle.loads(blob)  # DCP's own format (and trust model): a pickled Metadata
-        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
-            raise ManifestError(f"{uri!r} is not a readable DCP metadata pickle: {exc}") from exc
-        if not isinstance(metadata, Metadata) or not all(
-            isinstance(loc, ItemLocation) for loc in (metadata.storage_data or {}).values()
-        ):
-            raise ManifestError(
-                f"{uri!r} is not the metadata of an AsyncCkptStorageWriter checkpoint "
-                "(a FileSystemWriter checkpoint is read with torch's FileSystemReader)"
-            )
+        metadata = parse_metadata(blob, uri)
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -338,8 +375,7 @@ class AsyncCkptStorageReader(_Storage, StorageReader):
         buf = bytearray(loc.length)  # a chunk to narrow (resharding) or convert: staged whole
 
         def place() -> None:
-            saved = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
-            part = saved.view(dtype).reshape(shape)
+            part = saved_tensor(buf, dtype, shape)
             for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
                 part = part.narrow(dim, start, length)
             if tuple(target.shape) != tuple(part.shape):
@@ -354,6 +390,28 @@ class AsyncCkptStorageReader(_Storage, StorageReader):
 
     def storage_meta(self) -> StorageMeta | None:
         return None
+
+
+def parse_metadata(blob: bytes, uri: str) -> Metadata:
+    """The ``.metadata`` of an :class:`AsyncCkptStorageWriter` checkpoint; ManifestError if not."""
+    try:
+        metadata = pickle.loads(blob)  # DCP's own format (and trust model): a pickled Metadata
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
+        raise ManifestError(f"{uri!r} is not a readable DCP metadata pickle: {exc}") from exc
+    if not isinstance(metadata, Metadata) or not all(
+        isinstance(loc, ItemLocation) for loc in (metadata.storage_data or {}).values()
+    ):
+        raise ManifestError(
+            f"{uri!r} is not the metadata of an AsyncCkptStorageWriter checkpoint "
+            "(a FileSystemWriter checkpoint is read with torch's FileSystemReader)"
+        )
+    return metadata
+
+
+def saved_tensor(buf: bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """The saved chunk whose raw bytes are ``buf`` (shares its memory)."""
+    raw = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
+    return raw.view(dtype).reshape(shape)
 
 
 @dataclass

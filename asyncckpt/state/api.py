@@ -279,6 +279,7 @@ def _state_result(
         header_bytes=p.data_start,
         copied_contiguous=copied,
         save=saved,
+        tensor_names=tuple(e.name for e in p.entries),
     )
 
 

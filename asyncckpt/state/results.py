@@ -37,9 +37,12 @@ class StateSaveResult:
     header_bytes: int
     copied_contiguous: tuple[str, ...]  # tensors whose bytes had to be rearranged (see arrays.py)
     save: SaveResult
+    #: every tensor's name in the object, in file order: what a step's Hugging Face index maps
+    #: to objects (not in ``to_dict``: the object's header lists them)
+    tensor_names: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "save"}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("save", "tensor_names")}
         out["copied_contiguous"] = list(self.copied_contiguous)
         out["save"] = self.save.to_dict()
         return out
