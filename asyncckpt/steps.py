@@ -16,7 +16,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -40,7 +40,13 @@ class StepHost(Protocol):
     ) -> StateSaveResult | StagedSave: ...
 
     async def load_state(
-        self, uri: str, into: Mapping[Any, Any] | None = None, *, as_torch: bool = False
+        self,
+        uri: str,
+        into: Mapping[Any, Any] | None = None,
+        *,
+        as_torch: bool = False,
+        keys: str | Sequence[str] | None = None,
+        prefix: str | Sequence[str] | None = None,
     ) -> StateLoadResult: ...
 
 
@@ -286,8 +292,11 @@ async def load_step(
     into: Mapping[Any, Any] | None = None,
     as_torch: bool = False,
     coll: Collectives | None = None,
+    keys: str | Sequence[str] | None = None,
+    prefix: str | Sequence[str] | None = None,
 ) -> StepLoad:
-    """This rank's state of ``step`` (default: the latest committed one).
+    """This rank's state of ``step`` (default: the latest committed one); ``keys`` /
+    ``prefix``: only those tensors (a partial load, see ``load_state``).
 
     Raises :class:`StepNotCommittedError` naming the step when it has no commit record.
     """
@@ -296,7 +305,9 @@ async def load_step(
         check_step(step)
     if coll is None:
         async with get_collectives() as own:
-            return await load_step(ckpt, base_root, step, into=into, as_torch=as_torch, coll=own)
+            return await load_step(
+                ckpt, base_root, step, into=into, as_torch=as_torch, coll=own, keys=keys, prefix=prefix
+            )
     if step is None:
         step = await latest_step(ckpt, base_root)
         if step is None:
@@ -312,7 +323,7 @@ async def load_step(
             f"step {step} was saved by {record.world_size} ranks; this job has {coll.world_size}"
         )
     uri = f"{step_uri(base_root, step)}/{record.objects[coll.rank]}"
-    loaded = await ckpt.load_state(uri, into=into, as_torch=as_torch)
+    loaded = await ckpt.load_state(uri, into=into, as_torch=as_torch, keys=keys, prefix=prefix)
     return StepLoad(step=step, state=loaded.state, result=loaded)
 
 

@@ -15,6 +15,7 @@ view is scattered into the destination arrays (fresh, or the caller's with ``int
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
 import json
 import logging
@@ -32,6 +33,7 @@ from ..engine.manifest import Manifest
 from ..engine.monitor import now
 from ..engine.runtime import Runtime
 from ..engine.safetensors_format import (
+    ALIGN,
     FORMAT_VALUE,
     K_CHUNK,
     K_CRCS,
@@ -47,6 +49,7 @@ from ..errors import ChecksumMismatchError, ConfigError, IntegrityError
 from ..results.records import SaveResult
 from ..sinks.isolation import SharedBufferPool
 from ..sinks.router import StorageRouter
+from . import select
 from .arrays import Destination, SaveTensor, allocate, bind, prepare
 from .flatten import Leaf, flatten, path_text, unflatten
 from .results import StagedSave, StateLoadResult, StateSaveResult
@@ -102,13 +105,14 @@ def plan(uri: str, state: object, chunk: int, metadata: Mapping[str, str] | None
     for t in tensors:
         entries.append(TensorEntry(t.leaf.name, t.dtype, t.shape, offset, offset + t.nbytes))
         offset += t.nbytes
+    block = chunks.block_size(chunk)
     meta.update(
-        {K_FORMAT: FORMAT_VALUE, K_TREE: json.dumps(tree, separators=(",", ":")), K_CHUNK: str(chunk)}
+        {K_FORMAT: FORMAT_VALUE, K_TREE: json.dumps(tree, separators=(",", ":")), K_CHUNK: str(block)}
     )
     count, prefix = 0, bytearray()
     for _ in range(8):  # the CRC count depends on where the data starts, which depends on it
         prefix = build_header(entries, {**meta, K_CRCS: chunks.encode([0] * count)})
-        want = chunks.data_chunk_count(len(prefix), len(prefix) + offset, chunk)
+        want = chunks.data_chunk_count(len(prefix), len(prefix) + offset, block)
         if want == count:
             break
         count = want
@@ -120,12 +124,14 @@ def plan(uri: str, state: object, chunk: int, metadata: Mapping[str, str] | None
 def finish_header(p: _Plan, data: Sequence[memoryview], chunk: int) -> tuple[bytearray, list[int], float]:
     """(final header, the pipeline's expected chunk CRCs, pre-pass seconds); blocking."""
     t0 = now()
-    data_crcs = chunks.data_chunk_crcs(data, p.data_start, chunk)
+    block = chunks.block_size(chunk)
+    data_crcs = chunks.data_chunk_crcs(data, p.data_start, block)
     prepass = now() - t0
     prefix = build_header(p.entries, {**p.metadata, K_CRCS: chunks.encode(data_crcs)})
     if len(prefix) != p.data_start:
         raise RuntimeError(f"state header changed size: {len(prefix)} != {p.data_start}")
-    return prefix, list(chunks.object_chunk_crcs(prefix, data_crcs, p.size, chunk)), prepass
+    blocks = chunks.object_chunk_crcs(prefix, data_crcs, p.size, block)
+    return prefix, list(chunks.coarsen(blocks, p.size, block, chunk)), prepass
 
 
 def _views_and_header(p: _Plan, chunk: int) -> tuple[list[memoryview], tuple[bytearray, list[int], float]]:
@@ -308,6 +314,8 @@ async def load_state(
     read_chunk_size: int | None = None,
     defeat_cache: bool = True,
     progress: ProgressFn | None = None,
+    keys: str | Sequence[str] | None = None,
+    prefix: str | Sequence[str] | None = None,
 ) -> StateLoadResult:
     """Load a safetensors object into a nested state; see ``AsyncCheckpointer.load_state``.
 
@@ -318,6 +326,7 @@ async def load_state(
         raise ConfigError(f"verify must be True or False, got {verify!r}")
     if into is not None and not isinstance(into, Mapping):
         raise ConfigError(f"into must be a state mapping, got {type(into).__name__}")
+    select.check(keys, prefix)
     target = _uri(uri)
     sink = await storage.handle(target)
     try:
@@ -328,24 +337,26 @@ async def load_state(
                 pool = await rt.pool(shared=True)
             if isinstance(pool, SharedBufferPool):
                 sink.attach_arena(pool.arena)
-        prefix, header = await read_prefix(sink, await sink.size(), target)
+        head, header = await read_prefix(sink, await sink.size(), target)
     finally:
         await sink.aclose()
     meta = header.metadata
     ours = K_FORMAT in meta
     executor = rt.executor()
+    chosen = select.select([e.name for e in header.tensors], keys, prefix)
     tree, chunk, manifest, dests = await run_blocking(
-        executor, _prepare_load, target, prefix, header, into, as_torch, verify, rt.config.chunk_size
+        executor, _prepare_load, target, head, header, into, as_torch, verify, rt.config.chunk_size, chosen
     )
     known = Known(
         manifest=manifest or chunks.manifest_of(target, header.size, rt.config.chunk_size, ()),
         size=header.size,
         verify=manifest is not None,
+        spans=None if chosen is None else _spans(header, dests, manifest),
     )
-    scatter = _Scatter(header, prefix, dests, target)
+    scatter = _Scatter(header, head, dests, target)
 
-    async def take(view: memoryview) -> None:
-        await scatter.take(view, executor)
+    async def take(at: int, view: memoryview) -> None:
+        await scatter.take(at, view, executor)
 
     load = await read(
         rt, storage, target, take, num_readers=num_readers, read_chunk_size=read_chunk_size,
@@ -357,7 +368,8 @@ async def load_state(
     arrays = {d.entry.name: d.result for d in dests}
     state = await run_blocking(executor, _rebuild, tree, arrays, into) if ours else arrays
     if manifest is not None:
-        how = f"CRC32C of the header and of {manifest.chunks} chunk(s) of {chunk} bytes"
+        read_chunks = manifest.chunks if known.spans is None else -(-load.size_bytes // chunk)
+        how = f"CRC32C of the header and of {read_chunks} chunk(s) of {chunk} bytes"
     elif ours:
         how = "none: verify=False"
     else:
@@ -430,6 +442,7 @@ def _prepare_load(
     as_torch: bool,
     verify: bool,
     chunk: int,
+    chosen: set[str] | None = None,
 ) -> tuple[Any, int, Manifest | None, list[Destination]]:
     """(tree, chunk size, manifest to verify against, destinations); blocking: a header of
     10 000 tensors takes 0.1 s to check and bind."""
@@ -444,37 +457,56 @@ def _prepare_load(
                 )
             expected = chunks.object_chunk_crcs(prefix, crcs, header.size, chunk)
             manifest = chunks.manifest_of(uri, header.size, chunk, expected)
-    return tree, chunk, manifest, _destinations(header, into, as_torch)
+        if chosen is not None:
+            tree = select.prune(tree, chosen)
+    entries = [e for e in header.tensors if chosen is None or e.name in chosen]
+    return tree, chunk, manifest, _destinations(entries, into, as_torch)
 
 
-def _destinations(header: Header, into: Mapping[Any, Any] | None, as_torch: bool) -> list[Destination]:
+def _spans(
+    header: Header, dests: list[Destination], manifest: Manifest | None
+) -> tuple[tuple[int, int], ...]:
+    """The reads of a partial load: the chosen tensors' bytes, widened to the checksum chunks
+    that verify them (to aligned pages when nothing is verified)."""
+    block = manifest.chunk_size if manifest is not None else ALIGN
+    at = header.data_start
+    found = select.spans([(at + d.entry.start, at + d.entry.end) for d in dests], block, header.size)
+    return found or select.spans([(0, 1)], block, header.size)  # only empty tensors: one small read
+
+
+def _destinations(
+    entries: Sequence[TensorEntry], into: Mapping[Any, Any] | None, as_torch: bool
+) -> list[Destination]:
     if into is None:
         ml = dtypes.optional_module("ml_dtypes")
-        return [allocate(e, as_torch=as_torch, ml_dtypes=ml) for e in header.tensors]
+        return [allocate(e, as_torch=as_torch, ml_dtypes=ml) for e in entries]
     _, leaves = flatten(into)
     by_name: dict[str, Leaf] = {leaf.name: leaf for leaf in leaves}
-    names = {e.name for e in header.tensors}
+    names = {e.name for e in entries}
     extra = [path_text(leaf.path) for leaf in leaves if leaf.name not in names]
     if extra:
-        raise ConfigError(f"into: {', '.join(extra[:5])} not in the checkpoint")
-    missing = [e.name for e in header.tensors if e.name not in by_name]
+        raise ConfigError(f"into: {', '.join(extra[:5])} not in the checkpoint (or not chosen)")
+    missing = [e.name for e in entries if e.name not in by_name]
     if missing:
         raise ConfigError(f"into lacks the checkpoint's tensor(s) {missing[:5]}")
-    return [bind(e, by_name[e.name].value, path_text(by_name[e.name].path)) for e in header.tensors]
+    return [bind(e, by_name[e.name].value, path_text(by_name[e.name].path)) for e in entries]
 
 
 class _Scatter:
-    """Copies the object's bytes, arriving in order, into the tensors' destinations."""
+    """Copies the object's bytes, arriving in order (all of them, or the spans of a partial
+    load), into the tensors' destinations."""
 
     def __init__(self, header: Header, prefix: bytearray, dests: list[Destination], uri: str) -> None:
         self.header, self.prefix, self.uri = header, prefix, uri
         self.dests = [d for d in dests if d.entry.nbytes]  # in offset order, as header.tensors
-        self.pos = 0  # object offset of the next byte
+        self.ends = [d.entry.end for d in self.dests]
         self.index = 0
 
-    async def take(self, view: memoryview, executor: Any) -> None:
-        start, end = self.pos, self.pos + len(view)
+    async def take(self, start: int, view: memoryview, executor: Any) -> None:
+        end = start + len(view)
         data_start = self.header.data_start
+        # the first tensor that ends after this view starts
+        self.index = bisect.bisect_right(self.ends, start - data_start)
         if start < data_start:  # the header again: it must be the one that was parsed
             stop = min(end, data_start)
             if view[: stop - start] != memoryview(self.prefix)[start:stop]:
@@ -491,7 +523,6 @@ class _Scatter:
             if t_end > end:
                 break
             self.index += 1
-        self.pos = end
         if len(pieces) < _INLINE_PIECES and sum(len(dst) for dst, _ in pieces) < _INLINE_COPY:
             for dst, src in pieces:
                 dst[:] = src
