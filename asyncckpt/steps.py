@@ -20,13 +20,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from .engine.runtime import Runtime
 from .errors import ConfigError, IntegrityError, StepNotCommittedError, TargetNotFoundError
 from .modes import StagingMode
 from .node.collectives import Collectives, get_collectives
 from .owner import Owner, boot_id, host
 from .sinks.router import StorageRouter
 from .sinks.small import get_bytes, put_bytes
+from .state import index as step_index
+from .state import reshard
+from .state.flatten import flatten
+from .state.reshard import Reads
 from .state.results import StagedSave, StateLoadResult, StateSaveResult
+from .state.shard import Shard, is_dtensor
 
 
 class StepHost(Protocol):
@@ -34,6 +40,7 @@ class StepHost(Protocol):
     (:class:`asyncckpt.AsyncCheckpointer` is one; steps sit below it, so they name this)."""
 
     storage: StorageRouter
+    runtime: Runtime
 
     async def save_state(
         self, uri: str, state: Mapping[Any, Any], *, staging: StagingMode | str
@@ -68,6 +75,9 @@ class StepCommit:
     #: the saver's per-step facts (``metrics``, ``asyncckpt_version``); None in records
     #: written before it existed, which stay readable
     metadata: dict[str, Any] | None = None
+    #: the step index (``asyncckpt-index.json``: where each tensor lies), which lets any
+    #: number of ranks load the step; None in records written before it existed
+    index: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +86,10 @@ class StepLoad:
 
     step: int
     state: dict[Any, Any]
-    result: StateLoadResult
+    result: StateLoadResult | None  # None for a resharded load (see ``reads``)
+    #: a resharded load (another world size, or DTensor/Shard destinations): bytes read and
+    #: bytes its destinations needed
+    reads: Reads | None = None
 
 
 def check_root(root: object, storage: StorageRouter) -> str:
@@ -235,13 +248,13 @@ async def _commit(
     after: asyncio.Future[Any] | None,
     metadata: dict[str, Any] | None,
 ) -> StepCommit:
-    mine: tuple[str, int, Any] | None = None
+    mine: tuple[str, int, Any, Any] | None = None
     failure: Exception | None = saving if isinstance(saving, Exception) else None
     try:
         saved = await saving if isinstance(saving, StagedSave) else saving
         if isinstance(saved, StateSaveResult):
             facts = saved.save.metadata.extra
-            mine = (name, saved.save.size_bytes, facts.get("etag") or facts.get("identity"))
+            mine = (name, saved.save.size_bytes, facts.get("etag") or facts.get("identity"), saved.layout)
     except Exception as exc:
         failure = exc
     if after is not None:  # the previous step's collectives first, on every rank
@@ -254,16 +267,20 @@ async def _commit(
         raise StepNotCommittedError(
             f"step {step} under {base!r} not committed: rank(s) {failed} failed to save"
         )
+    objects = [e[0] for e in every if e]
+    built = step_index.build(objects, [e[3] for e in every if e])  # every rank: the same error
     record = StepCommit(
         step=step,
         world_size=coll.world_size,
-        objects=[e[0] for e in every if e],
+        objects=objects,
         sizes=[e[1] for e in every if e],
         identities=[e[2] for e in every if e],
         committed_at=time.time(),
         metadata=metadata,
+        index=step_index.INDEX,
     )
     if coll.is_coordinator:
+        await put_record(ckpt, f"{base}/{step_index.INDEX}", built)  # before the commit: never missing
         await put_record(ckpt, f"{base}/{COMMIT}", asdict(record))
     await coll.barrier()  # no rank reports the step committed before the record is there
     return record
@@ -318,13 +335,38 @@ async def load_step(
             f"step {step} under {base_root!r} is not committed: {step_uri(base_root, step)}/{COMMIT} is "
             "missing (the save did not finish on every rank); load an earlier step"
         )
-    if record.world_size != coll.world_size:
-        raise ConfigError(
-            f"step {step} was saved by {record.world_size} ranks; this job has {coll.world_size}"
+    base = step_uri(base_root, step)
+    if record.world_size != coll.world_size or _boxes_wanted(into):
+        if record.index is None:
+            raise ConfigError(
+                f"step {step} was saved by {record.world_size} ranks without a step index (asyncckpt "
+                f"before 0.x); this job has {coll.world_size}: load it on {record.world_size} ranks"
+            )
+        index = step_index.parse(
+            await _index_record(ckpt, f"{base}/{record.index}"), f"{base}/{record.index}"
         )
-    uri = f"{step_uri(base_root, step)}/{record.objects[coll.rank]}"
+        state, reads = await reshard.load(
+            ckpt.runtime, ckpt.storage, base, index, into=into, as_torch=as_torch, keys=keys, prefix=prefix
+        )
+        return StepLoad(step=step, state=state, result=None, reads=reads)
+    uri = f"{base}/{record.objects[coll.rank]}"
     loaded = await ckpt.load_state(uri, into=into, as_torch=as_torch, keys=keys, prefix=prefix)
     return StepLoad(step=step, state=loaded.state, result=loaded)
+
+
+def _boxes_wanted(into: Mapping[Any, Any] | None) -> bool:
+    """Whether ``into`` names boxes of global tensors (DTensors, Shards): then each rank reads
+    what its boxes need, whatever the layout the step was saved with."""
+    if into is None:
+        return False
+    return any(isinstance(leaf.value, Shard) or is_dtensor(leaf.value) for leaf in flatten(into)[1])
+
+
+async def _index_record(ckpt: StepHost, uri: str) -> dict[str, Any]:
+    record = await get_record(ckpt, uri)
+    if record is None:
+        raise IntegrityError(f"{uri!r}: the step index its commit record names is missing")
+    return record
 
 
 async def delete_step(ckpt: StepHost, root: str | os.PathLike[str], step: int) -> list[str]:

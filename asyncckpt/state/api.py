@@ -53,6 +53,7 @@ from . import select
 from .arrays import Destination, SaveTensor, allocate, bind, prepare
 from .flatten import Leaf, flatten, path_text, unflatten
 from .results import StagedSave, StateLoadResult, StateSaveResult
+from .shard import K_SHARDS, Shard, decode_boxes, encode_boxes
 from .staging import StagingArea, copy_bytes, copy_shared, share_copies
 
 log = logging.getLogger("asyncckpt")
@@ -105,6 +106,9 @@ def plan(uri: str, state: object, chunk: int, metadata: Mapping[str, str] | None
     for t in tensors:
         entries.append(TensorEntry(t.leaf.name, t.dtype, t.shape, offset, offset + t.nbytes))
         offset += t.nbytes
+    boxes = {t.leaf.name: t.box for t in tensors if t.box is not None}
+    if boxes:
+        meta[K_SHARDS] = encode_boxes(boxes)
     block = chunks.block_size(chunk)
     meta.update(
         {K_FORMAT: FORMAT_VALUE, K_TREE: json.dumps(tree, separators=(",", ":")), K_CHUNK: str(block)}
@@ -298,7 +302,26 @@ def _state_result(
         header_bytes=p.data_start,
         copied_contiguous=copied,
         save=saved,
+        layout=_layout(p),
     )
+
+
+def _layout(p: _Plan) -> tuple[dict[str, Any], ...]:
+    """Where each tensor of the object lies (for a step's index): name, dtype, shape, object
+    byte range and, for a sharded leaf, its global shape and offsets."""
+    out = []
+    for t, e in zip(p.tensors, p.entries, strict=True):
+        entry: dict[str, Any] = {
+            "name": e.name,
+            "dtype": e.dtype.code,
+            "shape": list(e.shape),
+            "start": p.data_start + e.start,
+            "end": p.data_start + e.end,
+        }
+        if t.box is not None:
+            entry["global_shape"], entry["offsets"] = list(t.box[0]), list(t.box[1])
+        out.append(entry)
+    return tuple(out)
 
 
 # -- loading -----------------------------------------------------------------------------
@@ -366,6 +389,9 @@ async def load_state(
     if finishing:
         await run_blocking(executor, _complete_all, finishing)
     arrays = {d.entry.name: d.result for d in dests}
+    for name, (global_shape, offsets) in decode_boxes(meta, target).items():
+        if name in arrays:  # a sharded leaf comes back as the box it was saved as
+            arrays[name] = Shard(global_shape, offsets, arrays[name])
     state = await run_blocking(executor, _rebuild, tree, arrays, into) if ours else arrays
     if manifest is not None:
         read_chunks = manifest.chunks if known.spans is None else -(-load.size_bytes // chunk)
@@ -489,7 +515,12 @@ def _destinations(
     missing = [e.name for e in entries if e.name not in by_name]
     if missing:
         raise ConfigError(f"into lacks the checkpoint's tensor(s) {missing[:5]}")
-    return [bind(e, by_name[e.name].value, path_text(by_name[e.name].path)) for e in entries]
+    return [bind(e, _local(by_name[e.name].value), path_text(by_name[e.name].path)) for e in entries]
+
+
+def _local(value: Any) -> Any:
+    """The array an ``into=`` leaf is filled through (a Shard's own data)."""
+    return value.data if isinstance(value, Shard) else value
 
 
 class _Scatter:

@@ -37,9 +37,11 @@ class StateSaveResult:
     header_bytes: int
     copied_contiguous: tuple[str, ...]  # tensors whose bytes had to be rearranged (see arrays.py)
     save: SaveResult
+    #: each tensor's name, dtype, shape, object byte range (and box of a sharded leaf)
+    layout: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "save"}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("save", "layout")}
         out["copied_contiguous"] = list(self.copied_contiguous)
         out["save"] = self.save.to_dict()
         return out
