@@ -8,17 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial
 
 from asyncckpt import AsyncCheckpointer, CheckpointManager, ConfigError, Shard, StateFormatError
+from asyncckpt.engine.chunks import CHECK_BLOCK
+from asyncckpt.servers.s3endpoint import S3Endpoint
 
 from .launch import torchrun
 from .reshard_child import full
+from .s3_harness import new_bucket
 
 CHUNK = 8 << 20
 
@@ -117,7 +124,7 @@ def test_a_flipped_byte_is_reported_by_the_rank_that_read_it(saved_on_2: Path, t
     ok(torchrun("tests.reshard_child", "load", str(run), str(tmp_path), nproc=2, timeout=120))
     assert (tmp_path / "ok-0-of-2.json").exists() and not (tmp_path / "error-0-of-2.txt").exists()
     offset, message = (tmp_path / "error-1-of-2.txt").read_text().split(" ", 1)
-    assert int(offset) == at // (1 << 20) * (1 << 20)  # the checksum block holding the byte
+    assert int(offset) == at // CHECK_BLOCK * CHECK_BLOCK  # the checksum block holding the byte
     assert "rank-1-of-2.safetensors" in message
 
 
@@ -170,3 +177,35 @@ async def test_an_index_of_another_version_is_a_clear_error(tmp_path: Path) -> N
                 tmp_path,
                 into={"w": Shard((6, 10), (0, 0), np.zeros((6, 10), np.float32)), "b": np.zeros(3, np.int32)},
             )
+
+
+def s3_env(ep: S3Endpoint) -> str:
+    return json.dumps(
+        {"endpoint": ep.endpoint, "key": ep.access_key, "secret": ep.secret_key, "region": ep.region}
+    )
+
+
+def test_two_ranks_to_three_on_moto(moto_endpoint: S3Endpoint, tmp_path: Path) -> None:
+    bucket = new_bucket(moto_endpoint)
+    root, env = f"s3://{bucket}/run", {"RESHARD_S3": s3_env(moto_endpoint)}
+    ok(torchrun("tests.reshard_child", "save1d", root, str(tmp_path), nproc=2, timeout=150, **env))
+    ok(torchrun("tests.reshard_child", "load", root, str(tmp_path), nproc=3, timeout=150, **env))
+    assert len(list(tmp_path.glob("ok-*-of-3.json"))) == 3
+
+
+@pytest.fixture
+def partial_dtensor(tmp_path: Path) -> Iterator[Any]:
+    """A DTensor with a Partial placement, in a gloo world of one in this process (made here,
+    not on the test's event loop: the first DTensor imports a good part of torch)."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield DTensor.from_local(torch.ones(3, 2), init_device_mesh("cpu", (1,)), [Partial()])
+    finally:
+        dist.destroy_process_group()
+
+
+async def test_a_partial_placement_is_refused_naming_the_leaf(partial_dtensor: Any, tmp_path: Path) -> None:
+    async with ckpt() as c:
+        with pytest.raises(ConfigError, match=r"state\['grads'\]\['w'\].*Partial placement"):
+            await c.save_state(tmp_path / "p.safetensors", {"grads": {"w": partial_dtensor}})
+    assert not (tmp_path / "p.safetensors").exists()

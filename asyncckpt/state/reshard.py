@@ -6,9 +6,10 @@ A rank's destination for each global tensor is a box: a ``DTensor`` of ``into=``
 tensor and where the mesh places it), a :class:`Shard` of ``into=``, a plain array of
 ``into=`` (the whole tensor) or, without ``into=``, a new array of the whole tensor. Per
 object, the byte range from the first to the last element of each (saved box ∩ wanted box)
-is read (widened to 1 MiB checksum blocks) into a temporary of those bytes only, and the
-intersection is copied out with strides; the objects are read one after the other, so the
-temporary memory is at most what one object contributes.
+is read (widened to 256 KiB checksum blocks). Where the intersection is one run of bytes in
+both boxes (a ``Shard(0)`` split) the read bytes go straight into the destination; otherwise
+into a temporary of those bytes only, copied out with strides after the read. Objects are
+read one after the other, so temporary memory is at most what one object contributes.
 """
 
 from __future__ import annotations
@@ -62,6 +63,22 @@ class Copy:
     hi: tuple[int, ...]
     first: int  # object offset of the intersection's first element
     last: int  # object offset just past its last element
+
+    @property
+    def direct(self) -> bool:
+        """Whether the intersection is one run of bytes in the saved box and in the wanted box
+        (it spans both boxes whole in every dimension after the first: a ``Shard(0)`` split):
+        then the reads are copied straight into the destination, with no temporary."""
+        dims = zip(self.lo[1:], self.hi[1:], self.box.shape[1:], self.want.shape[1:], strict=True)
+        return all(h - low == s == d for low, h, s, d in dims)
+
+    def dest_bytes(self) -> np.ndarray[Any, Any]:
+        """The wanted box's bytes this direct copy fills, in order."""
+        w = self.want
+        flat = w.dest.reshape(-1).view(np.uint8)
+        start = sum((a - o) * s for a, o, s in zip(self.lo, w.offsets, _strides(w.shape, 1), strict=True))
+        start *= w.dest.dtype.itemsize
+        return flat[start : start + self.last - self.first]
 
 
 @dataclass
@@ -229,16 +246,32 @@ def _strides(shape: Sequence[int], item: int) -> tuple[int, ...]:
 
 
 class _Spans:
-    """The temporaries one object's reads land in: one per merged, block-aligned span."""
+    """Where one object's reads land: straight in the destination for direct copies, else in
+    temporaries covering only the other copies' bytes (strided copies after the read)."""
 
-    def __init__(self, spans: Sequence[tuple[int, int]]) -> None:
+    def __init__(self, copies: Sequence[Copy]) -> None:
+        self.direct = sorted((c for c in copies if c.direct), key=lambda c: c.first)
+        self.ends = [c.last for c in self.direct]
+        spans = select.spans([(c.first, c.last) for c in copies if not c.direct], 1, 1 << 62)
         self.starts = [s for s, _ in spans]
         self.bufs = [np.empty(n, np.uint8) for _, n in spans]
+        self.strided = [c for c in copies if not c.direct]
 
     def put(self, at: int, view: memoryview) -> None:
-        i = bisect.bisect_right(self.starts, at) - 1
-        off = at - self.starts[i]
-        self.bufs[i][off : off + len(view)] = np.frombuffer(view, np.uint8)
+        end = at + len(view)
+        src = np.frombuffer(view, np.uint8)
+        i = bisect.bisect_right(self.ends, at)  # the first direct copy ending after ``at``
+        while i < len(self.direct) and self.direct[i].first < end:
+            c = self.direct[i]
+            lo, hi = max(at, c.first), min(end, c.last)
+            c.dest_bytes()[lo - c.first : hi - c.first] = src[lo - at : hi - at]
+            i += 1
+        j = max(0, bisect.bisect_right(self.starts, at) - 1)
+        while j < len(self.starts) and self.starts[j] < end:
+            lo, hi = max(at, self.starts[j]), min(end, self.starts[j] + len(self.bufs[j]))
+            if lo < hi:
+                self.bufs[j][lo - self.starts[j] : hi - self.starts[j]] = src[lo - at : hi - at]
+            j += 1
 
     def copy_out(self, c: Copy) -> None:
         """The intersection, read with the saved box's strides, into the wanted box."""
@@ -277,7 +310,7 @@ async def read_object(
         raise StateFormatError(f"{uri!r}: not an asyncckpt state object (no checksums to verify against)")
     spans = select.spans([(c.first, c.last) for c in copies], manifest.chunk_size, size)
     executor = rt.executor()
-    temps = await run_blocking(executor, _Spans, spans)
+    temps = await run_blocking(executor, _Spans, copies)
 
     async def take(at: int, view: memoryview) -> None:
         await run_blocking(executor, temps.put, at, view)
@@ -289,7 +322,7 @@ async def read_object(
 
 
 def _copy_all(temps: _Spans, copies: list[Copy]) -> None:
-    for c in copies:
+    for c in temps.strided:
         temps.copy_out(c)
 
 
