@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from .blocking import run_blocking
 from .engine.runtime import Runtime
 from .errors import ConfigError, IntegrityError, StepNotCommittedError, TargetNotFoundError
 from .modes import StagingMode
@@ -336,7 +337,9 @@ async def load_step(
             "missing (the save did not finish on every rank); load an earlier step"
         )
     base = step_uri(base_root, step)
-    if record.world_size != coll.world_size or _boxes_wanted(into):
+    # in a thread: walking a state of 10 000 leaves is the loop's time else
+    wanted = into is not None and await run_blocking(ckpt.runtime.executor(), _boxes_wanted, into)
+    if record.world_size != coll.world_size or wanted:
         if record.index is None:
             raise ConfigError(
                 f"step {step} was saved by {record.world_size} ranks without a step index (asyncckpt "
