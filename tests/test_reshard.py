@@ -185,9 +185,9 @@ def s3_env(ep: S3Endpoint) -> str:
     )
 
 
-def test_two_ranks_to_three_on_moto(moto_endpoint: S3Endpoint, tmp_path: Path) -> None:
-    bucket = new_bucket(moto_endpoint)
-    root, env = f"s3://{bucket}/run", {"RESHARD_S3": s3_env(moto_endpoint)}
+def test_two_ranks_to_three_on_s3(s3_endpoint: S3Endpoint, tmp_path: Path) -> None:
+    bucket = new_bucket(s3_endpoint)
+    root, env = f"s3://{bucket}/run", {"RESHARD_S3": s3_env(s3_endpoint)}
     ok(torchrun("tests.reshard_child", "save1d", root, str(tmp_path), nproc=2, timeout=150, **env))
     ok(torchrun("tests.reshard_child", "load", root, str(tmp_path), nproc=3, timeout=150, **env))
     assert len(list(tmp_path.glob("ok-*-of-3.json"))) == 3
