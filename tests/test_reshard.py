@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from torch.distributed.tensor import DTensor, Partial
 from asyncckpt import AsyncCheckpointer, CheckpointManager, ConfigError, Shard, StateFormatError
 from asyncckpt.engine.chunks import CHECK_BLOCK
 from asyncckpt.servers.s3endpoint import S3Endpoint
+from asyncckpt.state import index as step_index
 
 from .launch import torchrun
 from .reshard_child import full
@@ -209,3 +211,22 @@ async def test_a_partial_placement_is_refused_naming_the_leaf(partial_dtensor: A
         with pytest.raises(ConfigError, match=r"state\['grads'\]\['w'\].*Partial placement"):
             await c.save_state(tmp_path / "p.safetensors", {"grads": {"w": partial_dtensor}})
     assert not (tmp_path / "p.safetensors").exists()
+
+
+def box(
+    name: str, offsets: list[int], shape: list[int], global_shape: list[int], dtype: str = "F32"
+) -> dict[str, Any]:
+    return {"name": name, "dtype": dtype, "shape": shape, "start": 4096, "end": 4096 + 4 * math.prod(shape),
+            "global_shape": global_shape, "offsets": offsets}  # fmt: skip
+
+
+def test_ranks_that_disagree_on_a_tensor_or_leave_a_gap_are_refused_before_the_commit() -> None:
+    objects = ["rank-0-of-2.safetensors", "rank-1-of-2.safetensors"]
+    good = step_index.build(objects, [[box("w", [0, 0], [2, 4], [4, 4])], [box("w", [2, 0], [2, 4], [4, 4])]])
+    assert step_index.parse(good, "x").tensors["w"].global_shape == (4, 4)
+    with pytest.raises(ConfigError, match=r"'w': rank 1 saved F32\[5, 4\], an earlier rank F32\[4, 4\]"):
+        step_index.build(objects, [[box("w", [0, 0], [2, 4], [4, 4])], [box("w", [2, 0], [2, 4], [5, 4])]])
+    with pytest.raises(ConfigError, match="hold 8 of its 16 elements"):
+        step_index.build(objects, [[box("w", [0, 0], [2, 4], [4, 4])], [box("w", [0, 0], [0, 4], [4, 4])]])
+    with pytest.raises(StateFormatError, match="not an asyncckpt step index"):
+        step_index.parse({"format": "other"}, "x")
