@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Partial
+from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from asyncckpt import AsyncCheckpointer, CheckpointManager, ConfigError, Shard, StateFormatError
 from asyncckpt.engine.chunks import CHECK_BLOCK
@@ -196,20 +196,31 @@ def test_two_ranks_to_three_on_s3(s3_endpoint: S3Endpoint, tmp_path: Path) -> No
 
 
 @pytest.fixture
-def partial_dtensor(tmp_path: Path) -> Iterator[Any]:
-    """A DTensor with a Partial placement, in a gloo world of one in this process (made here,
-    not on the test's event loop: the first DTensor imports a good part of torch)."""
+def unsavable(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """DTensors asyncckpt cannot save, in a gloo world of one in this process (made here, not
+    on the test's event loop: the first DTensor imports a good part of torch): one with a
+    Partial placement, and one whose local tensor is not on the CPU (``meta``: this torch
+    build has no CUDA; the check is on the device type)."""
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
-        yield DTensor.from_local(torch.ones(3, 2), init_device_mesh("cpu", (1,)), [Partial()])
+        mesh = init_device_mesh("cpu", (1,))
+        off_cpu = torch.empty(3, 2, device="meta")
+        yield {
+            "partial": DTensor.from_local(torch.ones(3, 2), mesh, [Partial()]),
+            "device": DTensor.from_local(off_cpu, mesh, [Replicate()], run_check=False),
+        }
     finally:
         dist.destroy_process_group()
 
 
-async def test_a_partial_placement_is_refused_naming_the_leaf(partial_dtensor: Any, tmp_path: Path) -> None:
+async def test_partial_placements_and_off_cpu_dtensors_are_refused_naming_the_leaf(
+    unsavable: dict[str, Any], tmp_path: Path
+) -> None:
     async with ckpt() as c:
         with pytest.raises(ConfigError, match=r"state\['grads'\]\['w'\].*Partial placement"):
-            await c.save_state(tmp_path / "p.safetensors", {"grads": {"w": partial_dtensor}})
+            await c.save_state(tmp_path / "p.safetensors", {"grads": {"w": unsavable["partial"]}})
+        with pytest.raises(ConfigError, match=r"state\['opt'\]\['m'\].*DTensor on meta: .*no device path"):
+            await c.save_state(tmp_path / "p.safetensors", {"opt": {"m": unsavable["device"]}})
     assert not (tmp_path / "p.safetensors").exists()
 
 
