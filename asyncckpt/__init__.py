@@ -37,6 +37,7 @@ from .manager import CheckpointManager, ManagerStats
 from .results.metrics import ChunkRecord, ReadRecord
 from .results.records import LoadResult, RunMetadata, SaveResult
 from .secrets import Secret
+from .state.shard import Shard
 from .units import GiB, KiB, MiB, parse_size
 
 moved.install()  # the pre-0.2 module paths (asyncckpt.collectives, ...) keep importing
@@ -71,6 +72,7 @@ __all__ = [
     "SaveAbandonedError",
     "SaveResult",
     "Secret",
+    "Shard",
     "SourceChangedError",
     "StallError",
     "StateFormatError",

@@ -119,10 +119,12 @@ class AsyncCheckpointer:
         *,
         into: Mapping[Any, Any] | None = None,
         as_torch: bool = False,
+        keys: str | Sequence[str] | None = None,
+        prefix: str | Sequence[str] | None = None,
     ) -> steps.StepLoad:
         """This rank's state of a committed step (default: the latest); StepNotCommittedError
-        when the step has no commit record."""
-        return await steps.load_step(self, root, step, into=into, as_torch=as_torch)
+        when the step has no commit record. ``keys``/``prefix``: a partial load."""
+        return await steps.load_step(self, root, step, into=into, as_torch=as_torch, keys=keys, prefix=prefix)
 
     async def latest_step(self, root: str | os.PathLike[str]) -> int | None:
         """The newest committed step under ``root``, or None."""
@@ -285,12 +287,16 @@ class AsyncCheckpointer:
         read_chunk_size: int | None = None,
         defeat_cache: bool = True,
         progress: ProgressFn | None = None,
+        keys: str | Sequence[str] | None = None,
+        prefix: str | Sequence[str] | None = None,
     ) -> StateLoadResult:
         """Load a safetensors object (asyncckpt's or any other writer's) into a nested state.
 
         Arrays come back as NumPy arrays, or torch tensors with ``as_torch=True`` (and for
         bfloat16/float8 when ``ml_dtypes`` is not installed). ``into``: a state of the same
         structure whose arrays are filled in place (shapes and dtypes must match).
+        ``keys`` (tensor names, ``"model.w"``) and/or ``prefix`` (``"model."``): a partial
+        load that reads and verifies only the checksum blocks holding those tensors.
         """
         return await state_api.load_state(
             self.runtime,
@@ -303,4 +309,6 @@ class AsyncCheckpointer:
             read_chunk_size=read_chunk_size,
             defeat_cache=defeat_cache,
             progress=progress,
+            keys=keys,
+            prefix=prefix,
         )

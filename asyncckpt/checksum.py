@@ -71,11 +71,21 @@ def _shift_operator(length: int) -> tuple[int, ...]:
     return result if result is not None else tuple(1 << n for n in range(32))
 
 
+@lru_cache(maxsize=64)
+def _byte_tables(length: int) -> tuple[tuple[int, ...], ...]:
+    """The shift operator of ``length`` applied to every value of each byte of the register:
+    four lookups instead of a 32-step product per combine (a state object combines one CRC
+    per 256 KiB block: 40 000 for 10 GiB)."""
+    m = _shift_operator(length)
+    return tuple(tuple(_times(m, b << (8 * k)) for b in range(256)) for k in range(4))
+
+
 def combine(crc1: int, crc2: int, len2: int) -> int:
     """CRC of A+B from CRC(A), CRC(B) and len(B). Cached per length: ~µs for equal chunks."""
     if len2 <= 0:
         return crc1
-    return _times(_shift_operator(len2), crc1) ^ crc2
+    t0, t1, t2, t3 = _byte_tables(len2)
+    return t0[crc1 & 255] ^ t1[(crc1 >> 8) & 255] ^ t2[(crc1 >> 16) & 255] ^ t3[crc1 >> 24] ^ crc2
 
 
 def combine_all(parts: Iterable[tuple[int, int]]) -> int:

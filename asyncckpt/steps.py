@@ -19,18 +19,26 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from .blocking import run_blocking
+from .engine.runtime import Runtime
 from .errors import ConfigError, IntegrityError, StepNotCommittedError, TargetNotFoundError
 from .modes import StagingMode
 from .node.collectives import Collectives, get_collectives
 from .owner import Owner, boot_id, host
 from .sinks.router import StorageRouter
 from .sinks.small import get_bytes, put_bytes
-from .state.hf_index import HF_METADATA, INDEX, ObjectTensors, hf_index
+from .state import index as step_index
+from .state import reshard
+from .state.flatten import flatten
+from .state.hf_index import HF_METADATA, ObjectTensors, hf_index
+from .state.hf_index import INDEX as HF_INDEX
+from .state.reshard import Reads
 from .state.results import StagedSave, StateLoadResult, StateSaveResult
+from .state.shard import Shard, is_dtensor
 
 
 class StepHost(Protocol):
@@ -38,6 +46,7 @@ class StepHost(Protocol):
     (:class:`asyncckpt.AsyncCheckpointer` is one; steps sit below it, so they name this)."""
 
     storage: StorageRouter
+    runtime: Runtime
 
     async def save_state(
         self,
@@ -49,7 +58,13 @@ class StepHost(Protocol):
     ) -> StateSaveResult | StagedSave: ...
 
     async def load_state(
-        self, uri: str, into: Mapping[Any, Any] | None = None, *, as_torch: bool = False
+        self,
+        uri: str,
+        into: Mapping[Any, Any] | None = None,
+        *,
+        as_torch: bool = False,
+        keys: str | Sequence[str] | None = None,
+        prefix: str | Sequence[str] | None = None,
     ) -> StateLoadResult: ...
 
 
@@ -71,6 +86,9 @@ class StepCommit:
     #: the saver's per-step facts (``metrics``, ``asyncckpt_version``); None in records
     #: written before it existed, which stay readable
     metadata: dict[str, Any] | None = None
+    #: the step index (``asyncckpt-index.json``: where each tensor lies), which lets any
+    #: number of ranks load the step; None in records written before it existed
+    index: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +97,10 @@ class StepLoad:
 
     step: int
     state: dict[Any, Any]
-    result: StateLoadResult
+    result: StateLoadResult | None  # None for a resharded load (see ``reads``)
+    #: a resharded load (another world size, or DTensor/Shard destinations): bytes read and
+    #: bytes its destinations needed
+    reads: Reads | None = None
 
 
 def check_root(root: object, storage: StorageRouter) -> str:
@@ -238,14 +259,15 @@ async def _commit(
     after: asyncio.Future[Any] | None,
     metadata: dict[str, Any] | None,
 ) -> StepCommit:
-    mine: tuple[str, int, Any, ObjectTensors] | None = None
+    mine: tuple[str, int, Any, Any, ObjectTensors] | None = None
     failure: Exception | None = saving if isinstance(saving, Exception) else None
     try:
         saved = await saving if isinstance(saving, StagedSave) else saving
         if isinstance(saved, StateSaveResult):
             facts = saved.save.metadata.extra
             tensors = ObjectTensors(name, saved.tensor_names, saved.tensor_bytes)
-            mine = (name, saved.save.size_bytes, facts.get("etag") or facts.get("identity"), tensors)
+            identity = facts.get("etag") or facts.get("identity")
+            mine = (name, saved.save.size_bytes, identity, saved.layout, tensors)
     except Exception as exc:
         failure = exc
     if after is not None:  # the previous step's collectives first, on every rank
@@ -258,17 +280,21 @@ async def _commit(
         raise StepNotCommittedError(
             f"step {step} under {base!r} not committed: rank(s) {failed} failed to save"
         )
+    objects = [e[0] for e in every if e]
+    built = step_index.build(objects, [e[3] for e in every if e])  # every rank: the same error
     record = StepCommit(
         step=step,
         world_size=coll.world_size,
-        objects=[e[0] for e in every if e],
+        objects=objects,
         sizes=[e[1] for e in every if e],
         identities=[e[2] for e in every if e],
         committed_at=time.time(),
         metadata=metadata,
+        index=step_index.INDEX,
     )
     if coll.is_coordinator:
-        await _put_index(ckpt, base, [e[3] for e in every if e])
+        await put_record(ckpt, f"{base}/{step_index.INDEX}", built)  # before the commit: never missing
+        await _put_index(ckpt, base, [e[4] for e in every if e])
         await put_record(ckpt, f"{base}/{COMMIT}", asdict(record))
     await coll.barrier()  # no rank reports the step committed before the record is there
     return record
@@ -278,9 +304,9 @@ async def _put_index(ckpt: StepHost, base: str, objects: list[ObjectTensors]) ->
     """The step's Hugging Face index (atomic, as any record), or none: a stale one is removed."""
     index = hf_index(objects)
     if index is not None:
-        await put_record(ckpt, f"{base}/{INDEX}", index)
-    elif INDEX in await _list(ckpt, base):  # left by an earlier save of this step number
-        await _delete(ckpt, f"{base}/{INDEX}")
+        await put_record(ckpt, f"{base}/{HF_INDEX}", index)
+    elif HF_INDEX in await _list(ckpt, base):  # left by an earlier save of this step number
+        await _delete(ckpt, f"{base}/{HF_INDEX}")
 
 
 async def save_step(
@@ -306,8 +332,11 @@ async def load_step(
     into: Mapping[Any, Any] | None = None,
     as_torch: bool = False,
     coll: Collectives | None = None,
+    keys: str | Sequence[str] | None = None,
+    prefix: str | Sequence[str] | None = None,
 ) -> StepLoad:
-    """This rank's state of ``step`` (default: the latest committed one).
+    """This rank's state of ``step`` (default: the latest committed one); ``keys`` /
+    ``prefix``: only those tensors (a partial load, see ``load_state``).
 
     Raises :class:`StepNotCommittedError` naming the step when it has no commit record.
     """
@@ -316,7 +345,9 @@ async def load_step(
         check_step(step)
     if coll is None:
         async with get_collectives() as own:
-            return await load_step(ckpt, base_root, step, into=into, as_torch=as_torch, coll=own)
+            return await load_step(
+                ckpt, base_root, step, into=into, as_torch=as_torch, coll=own, keys=keys, prefix=prefix
+            )
     if step is None:
         step = await latest_step(ckpt, base_root)
         if step is None:
@@ -327,13 +358,40 @@ async def load_step(
             f"step {step} under {base_root!r} is not committed: {step_uri(base_root, step)}/{COMMIT} is "
             "missing (the save did not finish on every rank); load an earlier step"
         )
-    if record.world_size != coll.world_size:
-        raise ConfigError(
-            f"step {step} was saved by {record.world_size} ranks; this job has {coll.world_size}"
+    base = step_uri(base_root, step)
+    # in a thread: walking a state of 10 000 leaves is the loop's time else
+    wanted = into is not None and await run_blocking(ckpt.runtime.executor(), _boxes_wanted, into)
+    if record.world_size != coll.world_size or wanted:
+        if record.index is None:
+            raise ConfigError(
+                f"step {step} was saved by {record.world_size} ranks without a step index (asyncckpt "
+                f"before 0.x); this job has {coll.world_size}: load it on {record.world_size} ranks"
+            )
+        index = step_index.parse(
+            await _index_record(ckpt, f"{base}/{record.index}"), f"{base}/{record.index}"
         )
-    uri = f"{step_uri(base_root, step)}/{record.objects[coll.rank]}"
-    loaded = await ckpt.load_state(uri, into=into, as_torch=as_torch)
+        state, reads = await reshard.load(
+            ckpt.runtime, ckpt.storage, base, index, into=into, as_torch=as_torch, keys=keys, prefix=prefix
+        )
+        return StepLoad(step=step, state=state, result=None, reads=reads)
+    uri = f"{base}/{record.objects[coll.rank]}"
+    loaded = await ckpt.load_state(uri, into=into, as_torch=as_torch, keys=keys, prefix=prefix)
     return StepLoad(step=step, state=loaded.state, result=loaded)
+
+
+def _boxes_wanted(into: Mapping[Any, Any] | None) -> bool:
+    """Whether ``into`` names boxes of global tensors (DTensors, Shards): then each rank reads
+    what its boxes need, whatever the layout the step was saved with."""
+    if into is None:
+        return False
+    return any(isinstance(leaf.value, Shard) or is_dtensor(leaf.value) for leaf in flatten(into)[1])
+
+
+async def _index_record(ckpt: StepHost, uri: str) -> dict[str, Any]:
+    record = await get_record(ckpt, uri)
+    if record is None:
+        raise IntegrityError(f"{uri!r}: the step index its commit record names is missing")
+    return record
 
 
 async def delete_step(ckpt: StepHost, root: str | os.PathLike[str], step: int) -> list[str]:

@@ -7,15 +7,43 @@ the CRC ``combine(crc(header part), crc(data part))``, so a load rebuilds an ord
 whole-object manifest from the header alone, and the save compares the pipeline's own
 per-chunk CRCs with the same values: a caller that changed its arrays during a
 ``staging="none"`` save is caught before the object is published.
+
+The header's chunks are *checksum blocks* of ``block_size(chunk_size)`` bytes (256 KiB, or
+a divisor of an odd chunk size), not the pipeline's chunks: a partial load (some tensors, one
+box of a shard) then reads and verifies the blocks it touches instead of whole 32 MiB chunks.
+256 KiB: a box read on its own costs at most one block more at each end (4 MiB boxes: at most
+1.125x the bytes), while the header grows by 9 bytes per block (360 KB for 10 GiB). The
+pipeline's chunk CRCs are the blocks' combined (:func:`coarsen`). Objects saved
+before this recorded ``chunk_size`` blocks, which read the same way.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ..checksum import combine, combine_all, crc
 from ..errors import StateFormatError
 from .manifest import Manifest, object_name
+
+#: the checksum granularity of new state objects: what a partial read rounds out to
+CHECK_BLOCK = 256 << 10
+
+
+def block_size(chunk: int) -> int:
+    """The checksum block of a state saved with pipeline chunks of ``chunk`` bytes: it divides
+    the chunk (so chunk CRCs combine from block CRCs) and is a multiple of 4096 (aligned reads)."""
+    return math.gcd(chunk, CHECK_BLOCK)
+
+
+def coarsen(crcs: Sequence[int], size: int, block: int, chunk: int) -> tuple[int, ...]:
+    """Per-``chunk`` CRCs of an object from its per-``block`` CRCs (``block`` divides ``chunk``)."""
+    per = chunk // block
+    out = []
+    for first in range(0, len(crcs), per):
+        parts = [(crcs[i], min(block, size - i * block)) for i in range(first, min(first + per, len(crcs)))]
+        out.append(combine_all(parts))
+    return tuple(out)
 
 
 def data_chunk_count(data_start: int, size: int, chunk: int) -> int:

@@ -31,7 +31,7 @@ from .monitor import LoopMonitor, now
 from .runinfo import Span, run_fields, with_setup
 from .runtime import Runtime
 from .seal import read_sealed
-from .verify import Verifier, make_verifier
+from .verify import BlockVerifier, Verifier, make_verifier
 
 ProgressFn = Callable[[int], None]
 #: what :func:`probe` finds at a URI
@@ -63,6 +63,11 @@ class LoadStream:
 
     async def aclose(self) -> None:
         await self._gen.aclose()
+
+    @property
+    def offset(self) -> int:
+        """The object offset of the view last handed out."""
+        return self._state.offset
 
     @property
     def result(self) -> LoadResult:
@@ -98,6 +103,9 @@ class Known:
     manifest: Manifest
     size: int
     verify: bool
+    #: (offset, length) ranges to read, in order, starting on manifest-chunk boundaries and
+    #: ending on one (or at the object's end); None: the whole object
+    spans: tuple[tuple[int, int], ...] | None = None
 
 
 async def probe(storage: StorageRouter, uri: str | os.PathLike[str]) -> Found:
@@ -148,7 +156,7 @@ async def load(
     executor = rt.executor()
     offset = 0
 
-    async def take(view: memoryview) -> None:
+    async def take(at: int, view: memoryview) -> None:
         nonlocal offset
         if target is not None:
             await run_blocking(executor, _copy, target[offset : offset + len(view)], view)
@@ -164,7 +172,7 @@ async def read(
     rt: Runtime,
     storage: StorageRouter,
     uri: str | os.PathLike[str],
-    take: Callable[[memoryview], Awaitable[None]],
+    take: Callable[[int, memoryview], Awaitable[None]],
     *,
     verify: bool | str = True,
     num_readers: int | None = None,
@@ -174,15 +182,15 @@ async def read(
     known: Known | None = None,
     into_size: int | None = None,
 ) -> LoadResult:
-    """Stream ``uri`` through ``take`` (each view valid only during the call) and return the
-    measurement: the body of ``load`` and of the state loads."""
+    """Stream ``uri`` through ``take(offset, view)`` (each view valid only during the call)
+    and return the measurement: the body of ``load`` and of the state loads."""
     started = now()
     stream = open_stream(
         rt, storage, uri, verify, num_readers, read_chunk_size, defeat_cache, progress, known, into_size
     )
     async with stream:
         async for view in stream:
-            await take(view)
+            await take(stream.offset, view)
     return with_setup(stream.result, now() - started - stream.lock_wait_s)
 
 
@@ -294,7 +302,13 @@ async def _iterate(
                 state.manifest, state.size = manifest, manifest.size
                 if into_size is not None and into_size < state.size:
                     raise ConfigError(f"into= holds {into_size} bytes; {uri!r} has {state.size}")
-                verifier = make_verifier(state.verify_mode, manifest, threads=rt.budget.threads, where=uri)
+                if known is not None and known.spans is not None:  # a partial read
+                    state.spans, state.size = known.spans, sum(n for _, n in known.spans)
+                    verifier = BlockVerifier(manifest) if known.verify else None
+                else:
+                    verifier = make_verifier(
+                        state.verify_mode, manifest, threads=rt.budget.threads, where=uri
+                    )
                 state.open_s = now() - t0
                 views = stream_views(
                     uri=uri,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +60,9 @@ class LoadState:
     identity_note: str = ""
     sink_facts: dict[str, Any] = field(default_factory=dict)
     result: LoadResult | None = None  # once the last view was consumed
+    #: (offset, length) ranges to read, in object order; None: the whole object
+    spans: tuple[tuple[int, int], ...] | None = None
+    offset: int = 0  # object offset of the view last handed out
 
 
 def identity_note(manifest: Manifest, facts: dict[str, Any], uri: str) -> str:
@@ -118,9 +121,18 @@ class OrderedReader:
     """Concurrent reads, handed out in order; every buffer is reclaimed on any exit."""
 
     def __init__(
-        self, sink: Sink, pool: BufferPool, *, size: int, read_chunk: int, num_readers: int, uri: str
+        self,
+        sink: Sink,
+        pool: BufferPool,
+        *,
+        size: int,
+        read_chunk: int,
+        num_readers: int,
+        uri: str,
+        spans: Sequence[tuple[int, int]] | None = None,
     ) -> None:
         self.sink, self.pool, self.size, self.read_chunk, self.uri = sink, pool, size, read_chunk, uri
+        self.spans = [(0, size)] if spans is None else list(spans)
         self._slots = asyncio.Semaphore(num_readers)
         self._queue: asyncio.Queue[tuple[PoolBuffer, ReadRecord, asyncio.Task[None]] | Exception | None]
         self._queue = asyncio.Queue()
@@ -137,12 +149,18 @@ class OrderedReader:
             return
         self._queue.put_nowait(None)
 
+    def pieces(self) -> Iterator[tuple[int, int]]:
+        """(offset, length) of each read: the spans cut into ``read_chunk`` pieces."""
+        for start, length in self.spans:
+            for offset in range(start, start + length, self.read_chunk):
+                yield offset, min(self.read_chunk, start + length - offset)
+
     async def _issue_reads(self) -> None:
-        for index, offset in enumerate(range(0, self.size, self.read_chunk)):
+        for index, (offset, nbytes) in enumerate(self.pieces()):
             t0 = now()
             buf = await self.pool.acquire()
             self._held.add(buf)
-            rec = ReadRecord(index, offset, min(self.read_chunk, self.size - offset), t_acquire=t0)
+            rec = ReadRecord(index, offset, nbytes, t_acquire=t0)
             rec.wait_free_s = now() - t0
             await self._slots.acquire()
             task = asyncio.create_task(self._read(buf, rec), name=f"asyncckpt-read-{index}")
@@ -269,12 +287,19 @@ async def stream_views(
     if state.size == 0:
         raise TargetNotFoundError(errno.ENOENT, f"{uri!r}: size unknown (open the load first)")
     reader = OrderedReader(
-        sink, pool, size=state.size, read_chunk=read_chunk, num_readers=num_readers, uri=uri
+        sink,
+        pool,
+        size=state.size,
+        read_chunk=read_chunk,
+        num_readers=num_readers,
+        uri=uri,
+        spans=state.spans,
     )
     try:
         while (item := await reader.next()) is not None:
             buf, rec = item
             view = buf.view[: rec.nbytes]
+            state.offset = rec.offset
             t0 = now()
             if verifier is not None:
                 bad, rec.verify_s, rec.verify_cpu_s = await run_blocking(

@@ -125,6 +125,44 @@ class ChecksumVerifier(Verifier):
             )
 
 
+class BlockVerifier(Verifier):
+    """Per-chunk CRC32C of chosen ranges of an object (a partial load): the reads start on
+    manifest-chunk boundaries and arrive in order within each range, and every chunk they
+    touch is read whole and checked; nothing is known of the chunks not read."""
+
+    mode = "checksum"
+
+    def __init__(self, manifest: Manifest) -> None:
+        super().__init__(manifest)
+        self._running = 0
+        self._open: int | None = None  # the chunk read in part so far
+        self.checked = 0
+
+    def check_sync(self, offset: int, view: memoryview) -> tuple[Mismatch | None, float]:
+        start = time.perf_counter()
+        bad = self._check(offset, view)
+        return bad, time.perf_counter() - start
+
+    def _check(self, offset: int, view: memoryview) -> Mismatch | None:
+        for chunk, within, pos, take in segments(self.manifest, offset, len(view)):
+            if within == 0:
+                self._running = 0
+            elif self._open != chunk or self.position != offset + pos:
+                raise RuntimeError(f"partial read of chunk {chunk} does not start on its boundary")
+            self._running = crc(view[pos : pos + take], self._running)
+            self._open, self.position = chunk, offset + pos + take
+            if within + take == self.manifest.chunk_span(chunk)[1]:
+                self._open = None
+                self.checked += 1
+                if self._running != self.manifest.chunk_crc32c[chunk]:
+                    return Mismatch(chunk, None)
+        return None
+
+    def finish_sync(self) -> None:
+        if self._open is not None:
+            raise RuntimeError(f"partial read ended inside chunk {self._open}: it was not verified")
+
+
 class RegenerateVerifier(Verifier):
     """Regenerates the synthetic stream (same generator, seed, chunk size) and compares bytes."""
 

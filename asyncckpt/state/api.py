@@ -15,6 +15,7 @@ view is scattered into the destination arrays (fresh, or the caller's with ``int
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
 import logging
 import os
@@ -30,15 +31,17 @@ from ..engine.load import Known, ProgressFn, read, read_args
 from ..engine.manifest import Manifest
 from ..engine.monitor import now
 from ..engine.runtime import Runtime
-from ..engine.safetensors_format import Header, TensorEntry, build_header
+from ..engine.safetensors_format import ALIGN, Header, TensorEntry, build_header
 from ..engine.save import save_object
 from ..errors import ConfigError, IntegrityError
 from ..results.records import SaveResult
 from ..sinks.isolation import SharedBufferPool
 from ..sinks.router import StorageRouter
+from . import select
 from .arrays import Destination, SaveTensor, allocate, bind, prepare
 from .flatten import Leaf, flatten, path_text, unflatten
 from .results import StagedSave, StateLoadResult, StateSaveResult
+from .shard import K_SHARDS, Shard, decode_boxes, encode_boxes
 from .staging import StagingArea, copy_bytes, copy_shared, share_copies
 
 log = logging.getLogger("asyncckpt")
@@ -91,11 +94,15 @@ def plan(uri: str, state: object, chunk: int, metadata: Mapping[str, str] | None
     for t in tensors:
         entries.append(TensorEntry(t.leaf.name, t.dtype, t.shape, offset, offset + t.nbytes))
         offset += t.nbytes
-    meta.update(our_metadata(tree, chunk))
+    boxes = {t.leaf.name: t.box for t in tensors if t.box is not None}
+    if boxes:
+        meta[K_SHARDS] = encode_boxes(boxes)
+    block = chunks.block_size(chunk)
+    meta.update(our_metadata(tree, block))
     count, prefix = 0, bytearray()
     for _ in range(8):  # the CRC count depends on where the data starts, which depends on it
         prefix = build_header(entries, with_crcs(meta, [0] * count))
-        want = chunks.data_chunk_count(len(prefix), len(prefix) + offset, chunk)
+        want = chunks.data_chunk_count(len(prefix), len(prefix) + offset, block)
         if want == count:
             break
         count = want
@@ -107,12 +114,14 @@ def plan(uri: str, state: object, chunk: int, metadata: Mapping[str, str] | None
 def finish_header(p: _Plan, data: Sequence[memoryview], chunk: int) -> tuple[bytearray, list[int], float]:
     """(final header, the pipeline's expected chunk CRCs, pre-pass seconds); blocking."""
     t0 = now()
-    data_crcs = chunks.data_chunk_crcs(data, p.data_start, chunk)
+    block = chunks.block_size(chunk)
+    data_crcs = chunks.data_chunk_crcs(data, p.data_start, block)
     prepass = now() - t0
     prefix = build_header(p.entries, with_crcs(p.metadata, data_crcs))
     if len(prefix) != p.data_start:
         raise RuntimeError(f"state header changed size: {len(prefix)} != {p.data_start}")
-    return prefix, list(chunks.object_chunk_crcs(prefix, data_crcs, p.size, chunk)), prepass
+    blocks = chunks.object_chunk_crcs(prefix, data_crcs, p.size, block)
+    return prefix, list(chunks.coarsen(blocks, p.size, block, chunk)), prepass
 
 
 def _views_and_header(p: _Plan, chunk: int) -> tuple[list[memoryview], tuple[bytearray, list[int], float]]:
@@ -280,7 +289,26 @@ def _state_result(
         copied_contiguous=copied,
         save=saved,
         tensor_names=tuple(e.name for e in p.entries),
+        layout=_layout(p),
     )
+
+
+def _layout(p: _Plan) -> tuple[dict[str, Any], ...]:
+    """Where each tensor of the object lies (for a step's index): name, dtype, shape, object
+    byte range and, for a sharded leaf, its global shape and offsets."""
+    out = []
+    for t, e in zip(p.tensors, p.entries, strict=True):
+        entry: dict[str, Any] = {
+            "name": e.name,
+            "dtype": e.dtype.code,
+            "shape": list(e.shape),
+            "start": p.data_start + e.start,
+            "end": p.data_start + e.end,
+        }
+        if t.box is not None:
+            entry["global_shape"], entry["offsets"] = list(t.box[0]), list(t.box[1])
+        out.append(entry)
+    return tuple(out)
 
 
 # -- loading -----------------------------------------------------------------------------
@@ -296,6 +324,8 @@ async def load_state(
     read_chunk_size: int | None = None,
     defeat_cache: bool = True,
     progress: ProgressFn | None = None,
+    keys: str | Sequence[str] | None = None,
+    prefix: str | Sequence[str] | None = None,
 ) -> StateLoadResult:
     """Load a safetensors object into a nested state; see ``AsyncCheckpointer.load_state``.
 
@@ -306,6 +336,7 @@ async def load_state(
         raise ConfigError(f"verify must be True or False, got {verify!r}")
     if into is not None and not isinstance(into, Mapping):
         raise ConfigError(f"into must be a state mapping, got {type(into).__name__}")
+    select.check(keys, prefix)
     target = _uri(uri)
     sink = await storage.handle(target)
     try:
@@ -316,24 +347,26 @@ async def load_state(
                 pool = await rt.pool(shared=True)
             if isinstance(pool, SharedBufferPool):
                 sink.attach_arena(pool.arena)
-        prefix, header = await read_prefix(sink, await sink.size(), target)
+        head, header = await read_prefix(sink, await sink.size(), target)
     finally:
         await sink.aclose()
     meta = header.metadata
     ours = is_ours(meta)
     executor = rt.executor()
+    chosen = select.select([e.name for e in header.tensors], keys, prefix)
     tree, chunk, manifest, dests = await run_blocking(
-        executor, _prepare_load, target, prefix, header, into, as_torch, verify, rt.config.chunk_size
+        executor, _prepare_load, target, head, header, into, as_torch, verify, rt.config.chunk_size, chosen
     )
     known = Known(
         manifest=manifest or chunks.manifest_of(target, header.size, rt.config.chunk_size, ()),
         size=header.size,
         verify=manifest is not None,
+        spans=None if chosen is None else _spans(header, dests, manifest),
     )
-    scatter = _Scatter(header, prefix, dests, target)
+    scatter = _Scatter(header, head, dests, target)
 
-    async def take(view: memoryview) -> None:
-        await scatter.take(view, executor)
+    async def take(at: int, view: memoryview) -> None:
+        await scatter.take(at, view, executor)
 
     load = await read(
         rt, storage, target, take, num_readers=num_readers, read_chunk_size=read_chunk_size,
@@ -343,9 +376,13 @@ async def load_state(
     if finishing:
         await run_blocking(executor, _complete_all, finishing)
     arrays = {d.entry.name: d.result for d in dests}
+    for name, (global_shape, offsets) in decode_boxes(meta, target).items():
+        if name in arrays:  # a sharded leaf comes back as the box it was saved as
+            arrays[name] = Shard(global_shape, offsets, arrays[name])
     state = await run_blocking(executor, _rebuild, tree, arrays, into) if ours else arrays
     if manifest is not None:
-        how = f"CRC32C of the header and of {manifest.chunks} chunk(s) of {chunk} bytes"
+        read_chunks = manifest.chunks if known.spans is None else -(-load.size_bytes // chunk)
+        how = f"CRC32C of the header and of {read_chunks} chunk(s) of {chunk} bytes"
     elif ours:
         how = "none: verify=False"
     else:
@@ -418,6 +455,7 @@ def _prepare_load(
     as_torch: bool,
     verify: bool,
     chunk: int,
+    chosen: set[str] | None = None,
 ) -> tuple[Any, int, Manifest | None, list[Destination]]:
     """(tree, chunk size, manifest to verify against, destinations); blocking: a header of
     10 000 tensors takes 0.1 s to check and bind."""
@@ -427,37 +465,61 @@ def _prepare_load(
         tree, chunk, crcs = asyncckpt_metadata(header.metadata, uri)
         if verify:
             manifest = header_manifest(prefix, header, uri, chunk, crcs)
-    return tree, chunk, manifest, _destinations(header, into, as_torch)
+        if chosen is not None:
+            tree = select.prune(tree, chosen)
+    entries = [e for e in header.tensors if chosen is None or e.name in chosen]
+    return tree, chunk, manifest, _destinations(entries, into, as_torch)
 
 
-def _destinations(header: Header, into: Mapping[Any, Any] | None, as_torch: bool) -> list[Destination]:
+def _spans(
+    header: Header, dests: list[Destination], manifest: Manifest | None
+) -> tuple[tuple[int, int], ...]:
+    """The reads of a partial load: the chosen tensors' bytes, widened to the checksum chunks
+    that verify them (to aligned pages when nothing is verified)."""
+    block = manifest.chunk_size if manifest is not None else ALIGN
+    at = header.data_start
+    found = select.spans([(at + d.entry.start, at + d.entry.end) for d in dests], block, header.size)
+    return found or select.spans([(0, 1)], block, header.size)  # only empty tensors: one small read
+
+
+def _destinations(
+    entries: Sequence[TensorEntry], into: Mapping[Any, Any] | None, as_torch: bool
+) -> list[Destination]:
     if into is None:
         ml = dtypes.optional_module("ml_dtypes")
-        return [allocate(e, as_torch=as_torch, ml_dtypes=ml) for e in header.tensors]
+        return [allocate(e, as_torch=as_torch, ml_dtypes=ml) for e in entries]
     _, leaves = flatten(into)
     by_name: dict[str, Leaf] = {leaf.name: leaf for leaf in leaves}
-    names = {e.name for e in header.tensors}
+    names = {e.name for e in entries}
     extra = [path_text(leaf.path) for leaf in leaves if leaf.name not in names]
     if extra:
-        raise ConfigError(f"into: {', '.join(extra[:5])} not in the checkpoint")
-    missing = [e.name for e in header.tensors if e.name not in by_name]
+        raise ConfigError(f"into: {', '.join(extra[:5])} not in the checkpoint (or not chosen)")
+    missing = [e.name for e in entries if e.name not in by_name]
     if missing:
         raise ConfigError(f"into lacks the checkpoint's tensor(s) {missing[:5]}")
-    return [bind(e, by_name[e.name].value, path_text(by_name[e.name].path)) for e in header.tensors]
+    return [bind(e, _local(by_name[e.name].value), path_text(by_name[e.name].path)) for e in entries]
+
+
+def _local(value: Any) -> Any:
+    """The array an ``into=`` leaf is filled through (a Shard's own data)."""
+    return value.data if isinstance(value, Shard) else value
 
 
 class _Scatter:
-    """Copies the object's bytes, arriving in order, into the tensors' destinations."""
+    """Copies the object's bytes, arriving in order (all of them, or the spans of a partial
+    load), into the tensors' destinations."""
 
     def __init__(self, header: Header, prefix: bytearray, dests: list[Destination], uri: str) -> None:
         self.header, self.prefix, self.uri = header, prefix, uri
         self.dests = [d for d in dests if d.entry.nbytes]  # in offset order, as header.tensors
-        self.pos = 0  # object offset of the next byte
+        self.ends = [d.entry.end for d in self.dests]
         self.index = 0
 
-    async def take(self, view: memoryview, executor: Any) -> None:
-        start, end = self.pos, self.pos + len(view)
+    async def take(self, start: int, view: memoryview, executor: Any) -> None:
+        end = start + len(view)
         data_start = self.header.data_start
+        # the first tensor that ends after this view starts
+        self.index = bisect.bisect_right(self.ends, start - data_start)
         if start < data_start:  # the header again: it must be the one that was parsed
             stop = min(end, data_start)
             if view[: stop - start] != memoryview(self.prefix)[start:stop]:
@@ -474,7 +536,6 @@ class _Scatter:
             if t_end > end:
                 break
             self.index += 1
-        self.pos = end
         if len(pieces) < _INLINE_PIECES and sum(len(dst) for dst, _ in pieces) < _INLINE_COPY:
             for dst, src in pieces:
                 dst[:] = src

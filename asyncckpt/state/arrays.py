@@ -13,6 +13,7 @@ a non-contiguous destination is filled through a temporary and copied at the end
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,8 @@ from ..engine import dtypes
 from ..engine.dtypes import DType
 from ..engine.safetensors_format import TensorEntry
 from ..errors import ConfigError, MissingDependencyError
-from .flatten import Leaf, is_torch_tensor, path_text
+from .flatten import Leaf, is_array, is_torch_tensor, path_text
+from .shard import Shard, check_box, dtensor_box, is_dtensor
 
 _LE = "<" if sys.byteorder == "little" else ">"
 
@@ -48,6 +50,8 @@ class SaveTensor:
     nbytes: int
     source: Any  # np.ndarray or torch.Tensor (detached)
     contiguous: bool  # ``source``'s memory already holds the file's bytes
+    #: (global shape, offsets) of a sharded leaf's box; None for a whole tensor
+    box: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     def byte_view(self) -> memoryview:
         if not self.contiguous:
@@ -85,6 +89,18 @@ def prepare(leaf: Leaf) -> SaveTensor:
         return f"{path_text(leaf.path)} ({leaf.name!r})"
 
     value = leaf.value
+    if is_dtensor(value):
+        value = dtensor_box(value, where())
+    if isinstance(value, Shard):
+        if isinstance(value.data, Shard) or not is_array(value.data):
+            raise ConfigError(f"{where()}: Shard data must be an array, got {type(value.data).__name__}")
+        t = _prepare_data(value.data, leaf, where)
+        t.box = check_box(value.global_shape, value.offsets, t.shape, where())
+        return t
+    return _prepare_data(value, leaf, where)
+
+
+def _prepare_data(value: Any, leaf: Leaf, where: Callable[[], str]) -> SaveTensor:
     if is_torch_tensor(value):
         t = value.detach()
         if t.device.type != "cpu":
@@ -179,3 +195,21 @@ def bind(entry: TensorEntry, target: Any, where: str) -> Destination:
         return Destination(entry, target, _bytes_of(target))
     temp = np.empty(entry.shape, dtype=target.dtype.newbyteorder("<"))
     return Destination(entry, target, _bytes_of(temp), (target, temp))
+
+
+def byte_array(target: Any, where: str) -> np.ndarray[Any, Any]:
+    """The bytes of a writable, C-contiguous, little-endian CPU array or tensor, as a 1-D uint8
+    array sharing its memory (a resharded load fills part of it); ConfigError otherwise."""
+    if is_torch_tensor(target):
+        t = target.detach()
+        if t.device.type != "cpu":
+            raise ConfigError(f"{where} is on {t.device}; in-place loads need CPU tensors")
+        if not t.is_contiguous():
+            raise ConfigError(f"{where} is not contiguous; a resharded load fills contiguous tensors only")
+        return np.frombuffer(_torch_bytes(t), np.uint8)
+    if not isinstance(target, np.ndarray):
+        raise ConfigError(f"{where} is a {type(target).__name__}; in-place loads need arrays or tensors")
+    little = target.dtype.byteorder in ("|", "<") or (target.dtype.byteorder == "=" and _LE == "<")
+    if not (target.flags.c_contiguous and target.flags.writeable and little):
+        raise ConfigError(f"{where} must be a writable, C-contiguous, little-endian array")
+    return target.reshape(-1).view(np.uint8)

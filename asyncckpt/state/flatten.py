@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, StateFormatError
+from .shard import Shard
 
 Key = str | int
 MAX_DEPTH = 100
@@ -82,7 +83,7 @@ def flatten(state: object) -> tuple[dict[str, Any], list[Leaf]]:
     def walk(value: object, path: tuple[Key, ...]) -> dict[str, Any]:
         if len(path) > MAX_DEPTH:
             raise ConfigError(f"{path_text(path[:3])}...: nested deeper than {MAX_DEPTH} levels (a cycle?)")
-        if is_array(value):
+        if isinstance(value, Shard) or is_array(value):
             leaf = Leaf(path, namer.name(path), value)
             leaves.append(leaf)
             node: dict[str, Any] = {"tensor": leaf.name}

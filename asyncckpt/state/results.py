@@ -40,9 +40,11 @@ class StateSaveResult:
     #: every tensor's name in the object, in file order: what a step's Hugging Face index maps
     #: to objects (not in ``to_dict``: the object's header lists them)
     tensor_names: tuple[str, ...] = ()
+    #: each tensor's name, dtype, shape, object byte range (and box of a sharded leaf)
+    layout: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("save", "tensor_names")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("save", "tensor_names", "layout")}
         out["copied_contiguous"] = list(self.copied_contiguous)
         out["save"] = self.save.to_dict()
         return out

@@ -1,0 +1,190 @@
+"""Resharded and partial loads: bytes read against bytes needed, and throughput against a
+same-world-size load of the same step (issue 27's targets).
+
+Steps are saved by real ranks (``torchrun``, gloo, CPU): a state of ``--size`` bytes in
+float32 tensors of ``--tensor`` bytes, each split by rows across the ranks (an explicit
+:class:`asyncckpt.Shard` per rank, as ``DTensor`` ``Shard(0)`` lays it out). Each load of M
+ranks is then run in this process, rank after rank (``load_step`` into that rank's
+``Shard`` boxes: the bytes each rank reads do not depend on the others running beside it,
+and a 2-core machine could not run 4 ranks side by side without measuring the time-slicing).
+The baseline is the same-world-size load of the same step: each of its N saving ranks
+loading its own object with ``load_state``, rank after rank. Per case, alternating
+``--pairs`` pairs: the median of the resharded load's throughput (bytes needed / time) over
+the baseline's, with its 95 % bootstrap interval; and the bytes read / bytes needed. The
+partial case loads 10 % of the tensors of one object with ``keys=``.
+
+    python benchmarks/bench_reshard.py --target /nvme/tmp        # 2->4, 4->2, 2->1, 10 % partial
+    python benchmarks/bench_reshard.py --size 1GiB --pairs 7
+    python benchmarks/bench_reshard.py --save-rank ROOT ...        # internal: one saving rank
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import emit, median, ratio_verdict
+
+from asyncckpt import AsyncCheckpointer, Shard, parse_size
+
+READ_TARGET, SPEED_TARGET, PARTIAL_TARGET = 1.1, 0.9, 0.15
+CASES = ((2, 4), (4, 2), (2, 1))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", default="512MiB", help="bytes of the state (default 512MiB)")
+    p.add_argument("--tensor", default="16MiB", help="bytes per tensor (default 16MiB)")
+    p.add_argument(
+        "--pairs", type=int, default=5, help="alternating pairs (default 5, the verdict's minimum)"
+    )
+    p.add_argument("--target", default=None, help="a directory (default: a temporary one under /tmp)")
+    p.add_argument("--chunk-size", default="32MiB")
+    p.add_argument("--save-rank", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def shapes(size: int, tensor: int) -> list[tuple[int, int]]:
+    cols = 1024
+    rows = max(1, tensor // 4 // cols)
+    return [(rows, cols)] * max(1, size // tensor)
+
+
+def rows_of(n: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank's rows of n, torch's Shard(0) split (ceil-sized chunks, the last ones short)."""
+    per = -(-n // world)
+    start = min(n, rank * per)
+    return start, min(n, start + per) - start
+
+
+def tensor(i: int, shape: tuple[int, int]) -> np.ndarray[Any, Any]:
+    return np.random.default_rng(i).standard_normal(shape, dtype=np.float32)
+
+
+def rank_state(shape_list: list[tuple[int, int]], rank: int, world: int, zero: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for i, shape in enumerate(shape_list):
+        start, count = rows_of(shape[0], rank, world)
+        data = np.zeros((count, shape[1]), np.float32) if zero else tensor(i, shape)[start : start + count]
+        out[f"t{i:03d}"] = Shard(shape, (start, 0), np.ascontiguousarray(data))
+    return out
+
+
+async def save_rank(args: argparse.Namespace) -> None:
+    import torch.distributed as dist  # only in the saving ranks
+
+    dist.init_process_group("gloo")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        state = rank_state(shapes(parse_size(args.size), parse_size(args.tensor)), rank, world, zero=False)
+        async with AsyncCheckpointer(chunk_size=parse_size(args.chunk_size)) as c:
+            await c.save_step(args.save_rank, 1, state)
+    finally:
+        dist.destroy_process_group()
+
+
+def save_with(ranks: int, root: Path, args: argparse.Namespace) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--nnodes", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "0",
+        os.path.abspath(__file__), "--save-rank", str(root), "--size", args.size, "--tensor", args.tensor,
+        "--chunk-size", args.chunk_size,
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+async def resharded(
+    c: AsyncCheckpointer, root: Path, world: int, shape_list: list[tuple[int, int]]
+) -> tuple[int, int, float]:
+    """(bytes read, bytes needed, seconds) of a load by ``world`` ranks, rank after rank."""
+    read = needed = 0
+    t0 = time.perf_counter()
+    for rank in range(world):
+        got = await c.load_step(root, into=rank_state(shape_list, rank, world, zero=True))
+        assert got.reads is not None
+        read, needed = read + got.reads.read, needed + got.reads.needed
+    return read, needed, time.perf_counter() - t0
+
+
+async def same_world(c: AsyncCheckpointer, root: Path, world: int) -> tuple[int, float]:
+    """(bytes, seconds) of each rank loading its own object of a step saved by ``world`` ranks."""
+    total = 0
+    t0 = time.perf_counter()
+    for rank in range(world):
+        got = await c.load_state(root / "step-1" / f"rank-{rank}-of-{world}.safetensors")
+        total += got.tensor_bytes
+    return total, time.perf_counter() - t0
+
+
+async def partial(c: AsyncCheckpointer, base: Path, shape_list: list[tuple[int, int]]) -> dict[str, Any]:
+    uri = base / "partial.safetensors"
+    state = {f"t{i:03d}": tensor(i, s) for i, s in enumerate(shape_list)}
+    await c.save_state(uri, state)
+    keys = sorted(state)[::10][: max(1, len(state) // 10)]
+    got = await c.load_state(uri, keys=keys)
+    total = sum(a.nbytes for a in state.values())
+    return {"tensors": len(keys), "of": len(state), "read": got.load.size_bytes, "total": total,
+            "fraction": got.load.size_bytes / total, "target": f"<= {PARTIAL_TARGET}",
+            "met": got.load.size_bytes / total <= PARTIAL_TARGET}  # fmt: skip
+
+
+async def run(args: argparse.Namespace, base: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    shape_list = shapes(parse_size(args.size), parse_size(args.tensor))
+    for n in sorted({saved for saved, _ in CASES}):
+        await asyncio.to_thread(save_with, n, base / f"saved-by-{n}", args)
+    rows, verdicts = [], {}
+    async with AsyncCheckpointer(chunk_size=parse_size(args.chunk_size)) as c:
+        for saved, loaded in CASES:
+            ratios = []
+            for pair in range(args.pairs):
+                order = ("reshard", "same") if pair % 2 == 0 else ("same", "reshard")
+                got: dict[str, Any] = {}
+                for which in order:
+                    step = base / f"saved-by-{saved}"
+                    if which == "reshard":
+                        got["reshard"] = await resharded(c, step, loaded, shape_list)
+                    else:  # the same step, loaded by the world size that saved it
+                        got["same"] = await same_world(c, step, saved)
+                read, needed, secs = got["reshard"]
+                same_bytes, same_secs = got["same"]
+                ratio = (needed / secs) / (same_bytes / same_secs)
+                ratios.append(ratio)
+                row = {"case": f"{saved}->{loaded}", "pair": pair + 1, "read_over_needed": read / needed}
+                row |= {"reshard_gbps": needed / secs / 1e9, "same_gbps": same_bytes / same_secs / 1e9}
+                rows.append({**row, "ratio": ratio})
+            case_rows = [r for r in rows if r["case"] == f"{saved}->{loaded}"]
+            verdicts[f"{saved}->{loaded}"] = {
+                "read_over_needed": median([r["read_over_needed"] for r in case_rows]),
+                "read_target": f"<= {READ_TARGET}",
+                "throughput": ratio_verdict(ratios, SPEED_TARGET) if len(ratios) >= 5 else None,
+            }
+        verdicts["partial"] = await partial(c, base, shape_list)
+    return rows, verdicts
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.save_rank is not None:
+        asyncio.run(save_rank(args))
+        return 0
+    with tempfile.TemporaryDirectory(dir=args.target, prefix="bench-reshard-") as tmp:
+        rows, verdicts = asyncio.run(run(args, Path(tmp)))
+    headers = ["case", "pair", "read_over_needed", "reshard_gbps", "same_gbps", "ratio"]
+    emit("bench_reshard", rows, headers, {"size": args.size, "tensor": args.tensor, "verdicts": verdicts})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Partial loads (issue 27 item 4): ``keys=`` / ``prefix=`` read and verify only the checksum
+blocks that hold the chosen tensors, on files (O_DIRECT) and S3 (ranged GETs)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncckpt import AsyncCheckpointer, ChecksumMismatchError, ConfigError
+from asyncckpt.engine.chunks import CHECK_BLOCK
+from asyncckpt.servers.s3endpoint import S3Endpoint
+
+from .s3_harness import new_bucket
+
+CHUNK = 8 << 20  # pipeline chunks of 8 MiB (S3 parts are >= 5 MiB); checksum blocks of 256 KiB
+
+
+def _make_state() -> dict[str, Any]:
+    rng = np.random.default_rng(3)
+    return {
+        "model": {
+            f"w{i}": rng.standard_normal((512, 1024)).astype(np.float32) for i in range(10)
+        },  # 2 MiB each
+        "optim": {"m": rng.standard_normal((1024, 1024)).astype(np.float32)},
+        "step": 7,
+    }
+
+
+STATE = _make_state()  # built once, at import: not on a test's event loop
+
+
+def big_state() -> dict[str, Any]:
+    return STATE
+
+
+def flip_byte_of(path: Path, needle: bytes) -> int:
+    """Flip one bit of the first occurrence of ``needle`` in the file; its offset."""
+    raw = path.read_bytes()
+    at = raw.find(needle)
+    assert at > 0
+    with path.open("r+b") as f:
+        f.seek(at)
+        f.write(bytes([raw[at] ^ 0x10]))
+    return at
+
+
+def ckpt(**kw: Any) -> AsyncCheckpointer:
+    return AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3, **kw)
+
+
+async def test_checksum_blocks_are_finer_than_the_pipeline_chunks(tmp_path: Path) -> None:
+    uri = tmp_path / "s.safetensors"
+    async with ckpt() as c:
+        await c.save_state(uri, big_state())
+        whole = await c.load_state(uri)
+    assert whole.verified
+    assert f"of {CHECK_BLOCK} bytes" in whole.verification
+
+
+async def test_a_key_reads_only_its_blocks_and_verifies_them(tmp_path: Path) -> None:
+    uri = tmp_path / "s.safetensors"
+    state = big_state()
+    async with ckpt() as c:
+        await c.save_state(uri, state)
+        size = uri.stat().st_size
+        part = await c.load_state(uri, keys=["model.w3"])
+        pre = await c.load_state(uri, prefix="optim.")
+    assert part.verified and part.tensors == 1
+    np.testing.assert_array_equal(part.state["model"]["w3"], state["model"]["w3"])
+    assert set(part.state) == {"model"} and set(part.state["model"]) == {"w3"}
+    # 2 MiB of tensor bytes: at most one extra block on each side
+    assert 2 << 20 <= part.load.size_bytes <= (2 << 20) + 2 * CHECK_BLOCK < size // 5
+    np.testing.assert_array_equal(pre.state["optim"]["m"], state["optim"]["m"])
+    assert pre.load.size_bytes <= (4 << 20) + 2 * CHECK_BLOCK
+
+
+async def test_a_flipped_byte_in_a_chosen_tensor_is_caught_one_outside_is_not_read(tmp_path: Path) -> None:
+    uri = tmp_path / "s.safetensors"
+    state = big_state()
+    async with ckpt() as c:
+        await c.save_state(uri, state)
+        # find where w3 and w7 live (their header offsets), flip a byte in w7's middle
+        probe = await c.load_state(uri, keys="model.w7")
+        assert probe.verified
+    needle = state["model"]["w7"].tobytes()[1 << 20 : (1 << 20) + 64]
+    at = await asyncio.to_thread(flip_byte_of, uri, needle)
+    async with ckpt() as c:
+        ok = await c.load_state(uri, keys="model.w0")  # far from the flipped byte: fine
+        np.testing.assert_array_equal(ok.state["model"]["w0"], state["model"]["w0"])
+        with pytest.raises(ChecksumMismatchError) as info:
+            await c.load_state(uri, keys="model.w7")
+    block_start = at // CHECK_BLOCK * CHECK_BLOCK
+    assert info.value.offset == block_start
+    assert str(uri) in str(info.value)
+
+
+async def test_unknown_keys_and_prefixes_are_named_before_any_data_is_read(tmp_path: Path) -> None:
+    uri = tmp_path / "s.safetensors"
+    async with ckpt() as c:
+        await c.save_state(uri, big_state())
+        with pytest.raises(ConfigError, match=r"'model\.nope'"):
+            await c.load_state(uri, keys=["model.w1", "model.nope"])
+        with pytest.raises(ConfigError, match=r"prefix 'opt\.'"):
+            await c.load_state(uri, prefix="opt.")
+        with pytest.raises(ConfigError, match="keys must be"):
+            await c.load_state(uri, keys=[3])
+
+
+async def test_partial_load_into_the_callers_arrays(tmp_path: Path) -> None:
+    uri = tmp_path / "s.safetensors"
+    state = big_state()
+    async with ckpt() as c:
+        await c.save_state(uri, state)
+        dst = {"model": {"w1": np.zeros((512, 1024), np.float32), "w2": np.zeros((512, 1024), np.float32)}}
+        got = await c.load_state(uri, into=dst, keys=["model.w1", "model.w2"])
+    assert got.in_place
+    np.testing.assert_array_equal(dst["model"]["w1"], state["model"]["w1"])
+    np.testing.assert_array_equal(dst["model"]["w2"], state["model"]["w2"])
+
+
+async def test_partial_load_over_s3_uses_ranged_reads(s3_endpoint: S3Endpoint) -> None:
+    bucket = await asyncio.to_thread(new_bucket, s3_endpoint)
+    uri = f"s3://{bucket}/p/s.safetensors"
+    state = big_state()
+    async with ckpt(backend="aiobotocore", backend_options=s3_endpoint.options()) as c:
+        await c.save_state(uri, state)
+        part = await c.load_state(uri, prefix=["model.w5", "model.w6"])
+    assert part.verified
+    np.testing.assert_array_equal(part.state["model"]["w5"], state["model"]["w5"])
+    np.testing.assert_array_equal(part.state["model"]["w6"], state["model"]["w6"])
+    assert part.load.size_bytes <= (4 << 20) + 2 * CHECK_BLOCK
+
+
+async def test_partial_load_of_a_step(tmp_path: Path) -> None:
+    state = big_state()
+    async with ckpt() as c:
+        await c.save_step(tmp_path / "run", 3, state)
+        got = await c.load_step(tmp_path / "run", prefix="model.w9")
+        with pytest.raises(ConfigError, match=r"'optim\.x'"):
+            await c.load_step(tmp_path / "run", keys="optim.x")
+    assert got.step == 3 and list(got.state["model"]) == ["w9"]
+    np.testing.assert_array_equal(got.state["model"]["w9"], state["model"]["w9"])
+    assert got.result.load.size_bytes <= (2 << 20) + 2 * CHECK_BLOCK

@@ -1,0 +1,243 @@
+"""Sharded leaves, the step index and loads on any number of ranks (issue 27 items 1-3, 6).
+
+Multi-rank runs are real: ``torchrun`` with gloo on the CPU (``tests/reshard_child.py``).
+A rank's check is bit-for-bit against the same tensor distributed directly by torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate
+
+from asyncckpt import AsyncCheckpointer, CheckpointManager, ConfigError, Shard, StateFormatError
+from asyncckpt.engine.chunks import CHECK_BLOCK
+from asyncckpt.servers.s3endpoint import S3Endpoint
+from asyncckpt.state import index as step_index
+
+from .launch import torchrun
+from .reshard_child import full
+from .s3_harness import new_bucket
+
+CHUNK = 8 << 20
+
+
+def ckpt() -> AsyncCheckpointer:
+    return AsyncCheckpointer(chunk_size=CHUNK, num_buffers=3)
+
+
+def ok(proc: Any) -> None:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def saved_on_2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Step 1 saved by two torchrun ranks on a 1-D mesh."""
+    out = tmp_path_factory.mktemp("two")
+    ok(torchrun("tests.reshard_child", "save1d", str(out / "run"), str(out), nproc=2, timeout=120))
+    return out
+
+
+def test_two_ranks_each_write_only_their_box_and_the_index_says_where(saved_on_2: Path) -> None:
+    step = saved_on_2 / "run" / "step-1"
+    record = json.loads((step / "COMMITTED.json").read_text())
+    index = json.loads((step / record["index"]).read_text())
+    assert index["version"] == 1 and index["objects"] == record["objects"]
+    a = index["tensors"]["model.a"]
+    assert a["global_shape"] == [7, 5] and a["dtype"] == "F32"
+    assert sorted((b["offsets"], b["shape"]) for b in a["boxes"]) == [([0, 0], [4, 5]), ([4, 0], [3, 5])]
+    b = index["tensors"]["model.b"]
+    assert b["dtype"] == "BF16" and sorted(x["offsets"] for x in b["boxes"]) == [[0, 0], [0, 5]]
+    c = index["tensors"]["model.c"]  # replicated: written once, by rank 0
+    assert [(x["object"], x["shape"]) for x in c["boxes"]] == [(0, [5])]
+    n = index["tensors"]["n"]
+    assert sorted(x["offsets"] for x in n["boxes"]) == [[0, 0], [5, 0]]
+
+
+def bits(t: torch.Tensor) -> np.ndarray[Any, Any]:
+    return t.contiguous().view(torch.uint8).numpy()
+
+
+async def test_one_rank_loads_whole_tensors_bit_identical(saved_on_2: Path) -> None:
+    async with ckpt() as c:  # this process is a world of one: the step was saved by two
+        got = await c.load_step(saved_on_2 / "run", as_torch=True)
+        part = await c.load_step(saved_on_2 / "run", keys=["model.b"], as_torch=True)
+    assert got.result is None and got.reads is not None
+    want = full()
+    for k in ("a", "b", "c"):
+        assert np.array_equal(bits(got.state["model"][k]), bits(want[k])), k
+    assert np.array_equal(got.state["n"].numpy(), want["n"])
+    assert torch.equal(got.state["plain"], torch.arange(4)) and got.state["step"] == 3
+    assert list(part.state) == ["model"] and list(part.state["model"]) == ["b"]
+    assert np.array_equal(bits(part.state["model"]["b"]), bits(want["b"]))
+
+
+async def test_a_manager_restored_on_another_world_size_reshards_the_latest_step(saved_on_2: Path) -> None:
+    async with CheckpointManager(saved_on_2 / "run", chunk_size=CHUNK, num_buffers=3) as mgr:
+        assert await mgr.restore() == 1
+        assert mgr.restored is not None and mgr.restored.reads is not None
+        state = mgr.restored.state
+    assert np.array_equal(state["model"]["a"], full()["a"].numpy()) and state["step"] == 3
+
+
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_two_ranks_to_more_ranks_bit_identical(saved_on_2: Path, ranks: int) -> None:
+    ok(
+        torchrun(
+            "tests.reshard_child", "load", str(saved_on_2 / "run"), str(saved_on_2), nproc=ranks, timeout=120
+        )
+    )
+    for r in range(ranks):
+        facts = json.loads((saved_on_2 / f"ok-{r}-of-{ranks}.json").read_text())
+        assert facts["read"] >= facts["needed"] > 0
+
+
+def test_a_2x2_mesh_loads_on_two_ranks(tmp_path: Path) -> None:
+    ok(torchrun("tests.reshard_child", "save2d", str(tmp_path / "run"), str(tmp_path), nproc=4, timeout=150))
+    ok(torchrun("tests.reshard_child", "load", str(tmp_path / "run"), str(tmp_path), nproc=2, timeout=120))
+    assert sorted(p.name for p in tmp_path.glob("ok-*")) == ["ok-0-of-2.json", "ok-1-of-2.json"]
+
+
+def flip(path: Path, needle: bytes) -> int:
+    raw = path.read_bytes()
+    at = raw.find(needle)
+    assert at > 0
+    with path.open("r+b") as f:
+        f.seek(at)
+        f.write(bytes([raw[at] ^ 0x01]))
+    return at
+
+
+def test_a_flipped_byte_is_reported_by_the_rank_that_read_it(saved_on_2: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    ok(torchrun("tests.reshard_child", "save1d", str(run), str(tmp_path), nproc=2, timeout=120))
+    # rank 1 of the saving job held rows 4..6 of model.a; on two ranks only rank 1 reads them
+    at = flip(run / "step-1" / "rank-1-of-2.safetensors", full()["a"][5].numpy().tobytes())
+    ok(torchrun("tests.reshard_child", "load", str(run), str(tmp_path), nproc=2, timeout=120))
+    assert (tmp_path / "ok-0-of-2.json").exists() and not (tmp_path / "error-0-of-2.txt").exists()
+    offset, message = (tmp_path / "error-1-of-2.txt").read_text().split(" ", 1)
+    assert int(offset) == at // CHECK_BLOCK * CHECK_BLOCK  # the checksum block holding the byte
+    assert "rank-1-of-2.safetensors" in message
+
+
+# -- one rank, explicit shards: the errors -----------------------------------------------
+def sharded_state() -> dict[str, Any]:
+    w = np.arange(60, dtype=np.float32).reshape(6, 10)
+    return {"w": Shard((6, 10), (0, 0), w), "b": np.ones(3, np.int32), "step": 2}
+
+
+async def test_a_destination_of_another_global_shape_or_dtype_is_refused(tmp_path: Path) -> None:
+    async with ckpt() as c:
+        await c.save_step(tmp_path, 1, sharded_state())
+        box = await c.load_step(
+            tmp_path,
+            into={"w": Shard((6, 10), (2, 3), np.zeros((2, 4), np.float32)), "b": np.zeros(3, np.int32)},
+        )
+        assert isinstance(box.state["w"], Shard)
+        assert np.array_equal(box.state["w"].data, np.arange(60, dtype=np.float32).reshape(6, 10)[2:4, 3:7])
+        with pytest.raises(ConfigError, match=r"F32\[6, 11\].*'w' is F32\[6, 10\]"):
+            await c.load_step(
+                tmp_path,
+                into={"w": Shard((6, 11), (0, 0), np.zeros((1, 1), np.float32)), "b": np.zeros(3, np.int32)},
+            )
+        with pytest.raises(ConfigError, match=r"F64\[6, 10\]"):
+            await c.load_step(
+                tmp_path, into={"w": Shard((6, 10), (0, 0), np.zeros((1, 1))), "b": np.zeros(3, np.int32)}
+            )
+        with pytest.raises(ConfigError, match=r"'nope'"):
+            await c.load_step(
+                tmp_path, into={"w": Shard((6, 10), (0, 0), np.zeros((1, 1), np.float32))}, keys="nope"
+            )
+
+
+async def test_a_shard_outside_its_global_shape_is_refused_before_any_io(tmp_path: Path) -> None:
+    async with ckpt() as c:
+        with pytest.raises(ConfigError, match=r"state\['w'\].*leaves the global shape"):
+            await c.save_state(tmp_path / "x.safetensors", {"w": Shard((4, 4), (2, 0), np.zeros((3, 4)))})
+    assert not await asyncio.to_thread(lambda: list(tmp_path.iterdir()))
+
+
+async def test_an_index_of_another_version_is_a_clear_error(tmp_path: Path) -> None:
+    async with ckpt() as c:
+        await c.save_step(tmp_path, 1, sharded_state())
+        index = tmp_path / "step-1" / "asyncckpt-index.json"
+        record = json.loads(await asyncio.to_thread(index.read_text))
+        record["version"] = 0
+        await asyncio.to_thread(index.write_text, json.dumps(record))
+        with pytest.raises(StateFormatError, match="step index version 0; this asyncckpt reads version 1"):
+            await c.load_step(
+                tmp_path,
+                into={"w": Shard((6, 10), (0, 0), np.zeros((6, 10), np.float32)), "b": np.zeros(3, np.int32)},
+            )
+
+
+def s3_env(ep: S3Endpoint) -> str:
+    return json.dumps(
+        {"endpoint": ep.endpoint, "key": ep.access_key, "secret": ep.secret_key, "region": ep.region}
+    )
+
+
+def test_two_ranks_to_three_on_s3(s3_endpoint: S3Endpoint, tmp_path: Path) -> None:
+    bucket = new_bucket(s3_endpoint)
+    root, env = f"s3://{bucket}/run", {"RESHARD_S3": s3_env(s3_endpoint)}
+    ok(torchrun("tests.reshard_child", "save1d", root, str(tmp_path), nproc=2, timeout=150, **env))
+    ok(torchrun("tests.reshard_child", "load", root, str(tmp_path), nproc=3, timeout=150, **env))
+    assert len(list(tmp_path.glob("ok-*-of-3.json"))) == 3
+
+
+@pytest.fixture
+def unsavable(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """DTensors asyncckpt cannot save, in a gloo world of one in this process (made here, not
+    on the test's event loop: the first DTensor imports a good part of torch): one with a
+    Partial placement, and one whose local tensor is not on the CPU (``meta``: this torch
+    build has no CUDA; the check is on the device type)."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        off_cpu = torch.empty(3, 2, device="meta")
+        yield {
+            "partial": DTensor.from_local(torch.ones(3, 2), mesh, [Partial()]),
+            "device": DTensor.from_local(off_cpu, mesh, [Replicate()], run_check=False),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+async def test_partial_placements_and_off_cpu_dtensors_are_refused_naming_the_leaf(
+    unsavable: dict[str, Any], tmp_path: Path
+) -> None:
+    async with ckpt() as c:
+        with pytest.raises(ConfigError, match=r"state\['grads'\]\['w'\].*Partial placement"):
+            await c.save_state(tmp_path / "p.safetensors", {"grads": {"w": unsavable["partial"]}})
+        with pytest.raises(ConfigError, match=r"state\['opt'\]\['m'\].*DTensor on meta: .*no device path"):
+            await c.save_state(tmp_path / "p.safetensors", {"opt": {"m": unsavable["device"]}})
+    assert not (tmp_path / "p.safetensors").exists()
+
+
+def box(
+    name: str, offsets: list[int], shape: list[int], global_shape: list[int], dtype: str = "F32"
+) -> dict[str, Any]:
+    return {"name": name, "dtype": dtype, "shape": shape, "start": 4096, "end": 4096 + 4 * math.prod(shape),
+            "global_shape": global_shape, "offsets": offsets}  # fmt: skip
+
+
+def test_ranks_that_disagree_on_a_tensor_or_leave_a_gap_are_refused_before_the_commit() -> None:
+    objects = ["rank-0-of-2.safetensors", "rank-1-of-2.safetensors"]
+    good = step_index.build(objects, [[box("w", [0, 0], [2, 4], [4, 4])], [box("w", [2, 0], [2, 4], [4, 4])]])
+    assert step_index.parse(good, "x").tensors["w"].global_shape == (4, 4)
+    with pytest.raises(ConfigError, match=r"'w': rank 1 saved F32\[5, 4\], an earlier rank F32\[4, 4\]"):
+        step_index.build(objects, [[box("w", [0, 0], [2, 4], [4, 4])], [box("w", [2, 0], [2, 4], [5, 4])]])
+    with pytest.raises(ConfigError, match="hold 8 of its 16 elements"):
+        step_index.build(objects, [[box("w", [0, 0], [2, 4], [4, 4])], [box("w", [0, 0], [0, 4], [4, 4])]])
+    with pytest.raises(StateFormatError, match="not an asyncckpt step index"):
+        step_index.parse({"format": "other"}, "x")
