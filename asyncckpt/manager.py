@@ -30,12 +30,13 @@ from . import modes, steps
 from .checkpointer import AsyncCheckpointer
 from .engine.monitor import now
 from .errors import CollectiveError, ConfigError
-from .modes import BestMode, StagingMode, WhenBusy
+from .modes import BestMode, DrainWhenBusy, StagingMode, WhenBusy
 from .node.collectives import Collectives, get_collectives
 from .retention import Cadence, RetentionPolicy, check_metrics, to_delete
 from .sinks import leftovers
 from .sinks.loops import orphaned
 from .steps import StepCommit
+from .tiers import Tiers, TierStats, check_tiers
 
 log = logging.getLogger("asyncckpt")
 
@@ -62,6 +63,7 @@ class ManagerStats:
     left: list[tuple[int, str]] = field(default_factory=list)  # uncommitted steps kept, and why
     failed: list[tuple[int, str]] = field(default_factory=list)  # saves or deletes that failed
     abandoned: list[int] = field(default_factory=list)  # saves whose event loop ended before they committed
+    tiers: TierStats | None = None  # a tiered manager's drains, per-tier retention and restore
 
 
 def _positive(name: str, value: object) -> None:
@@ -106,6 +108,11 @@ class CheckpointManager:
         checkpointer: AsyncCheckpointer | None = None,
         raise_on_failure: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        local: str | os.PathLike[str] | None = None,
+        keep_local: int = 2,
+        drain_when_busy: DrainWhenBusy = "queue",
+        max_queued_drains: int = 1,
+        drain_bandwidth: float | None = None,
         **options: Any,
     ) -> None:
         if not isinstance(raise_on_failure, bool):
@@ -123,12 +130,15 @@ class CheckpointManager:
             raise ConfigError("pass either checkpointer= or checkpointer options, not both")
         self.ckpt = checkpointer if checkpointer is not None else AsyncCheckpointer(**options)
         self.root = steps.check_root(root, self.ckpt.storage)  # nothing allocated yet: no I/O
+        self.tiers = self._tiers(local, keep_local, drain_when_busy, max_queued_drains, drain_bandwidth)
+        if self.tiers is not None:  # saves commit on the local tier; the root given is the remote
+            self.remote_root, self.root = self.root, self.tiers.local
         self.every_n_steps, self.keep_last = every_n_steps or 1, keep_last
         self.clock = clock
         self._last_start: float | None = None  # the clock when this manager last started a save
         self.max_pending_saves, self.when_busy, self.staging = max_pending_saves, when_busy, staging
         self._own = checkpointer is None
-        self.stats = ManagerStats()
+        self.stats = ManagerStats(tiers=None if self.tiers is None else self.tiers.stats)
         self.raise_on_failure = raise_on_failure
         self._unraised: list[Exception] = []  # background failures wait()/aclose() have not raised
         self._coll: Collectives | None = None
@@ -138,6 +148,25 @@ class CheckpointManager:
         self._reserving: asyncio.Task[int] | None = None  # the staging area, made ahead of a save
         self._started = False
         self.restored: steps.StepLoad | None = None  # what restore() loaded
+
+    def _tiers(
+        self, local: object, keep_local: object, when_busy: object, max_queued: object, bandwidth: object
+    ) -> Tiers | None:
+        """The local tier under this manager (``local=``), validated before any I/O."""
+        if local is None:
+            return None
+        root = check_tiers(self.root, local, keep_local, self.ckpt)
+        _positive("max_queued_drains", max_queued)
+        return Tiers(
+            self.ckpt,
+            local=root,
+            remote=self.root,
+            keep_local=keep_local,  # type: ignore[arg-type]  # checked above
+            retention=self.retention,
+            when_busy=modes.parse("drain_when_busy", when_busy, DrainWhenBusy, fold=False),
+            max_queued=max_queued,  # type: ignore[arg-type]  # checked above
+            bandwidth=bandwidth,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -161,6 +190,8 @@ class CheckpointManager:
         if self._coll.is_coordinator:
             await self._clean_uncommitted()
         await self._coll.barrier()  # no rank writes a step while rank 0 may still be cleaning
+        if self.tiers is not None:
+            await self.tiers.start(self._coll)
 
     async def wait(self) -> None:
         """Until every pending save has committed (or failed) and old steps are deleted; then
@@ -172,6 +203,8 @@ class CheckpointManager:
         for task in (self._deleting, self._reserving):
             if task is not None and not orphaned(task):
                 await asyncio.wait([task])
+        if self.tiers is not None:
+            await self.tiers.wait()
         failures, self._unraised = self._unraised, []
         if failures and self.raise_on_failure:
             raise failures[0]  # the others are in stats.failed and the log
@@ -224,6 +257,10 @@ class CheckpointManager:
         await self.start()
         if into is not None:  # the state this run will save: its staging area, made meanwhile
             self._reserve(into)
+        if self.tiers is not None:
+            assert self._coll is not None
+            self.restored = await self.tiers.restore(into, as_torch=as_torch, coll=self._coll)
+            return None if self.restored is None else self.restored.step
         latest = await steps.latest_step(self.ckpt, self.root)
         if latest is None:
             return None
@@ -263,6 +300,8 @@ class CheckpointManager:
                 await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
             self.stats.waited.append((step, now() - t0))
         assert self._coll is not None
+        if self.tiers is not None:
+            await self.tiers.before_save(step)
         previous = self._pending[-1] if self._pending else None
         self._last_start = self.clock()
         try:
@@ -308,6 +347,14 @@ class CheckpointManager:
             return
         self.stats.saved.append(step)
         assert self._coll is not None
+        if self.tiers is not None:  # the drain; retention per tier follows each commit
+            try:
+                await self.tiers.committed(await commit)
+            except Exception as exc:
+                self.stats.failed.append((step, f"tiers: {exc}"))
+                self._unraised.append(exc)
+                log.error("step %d committed locally; starting its drain failed: %s", step, exc)
+            return
         if self.retention.active and self._coll.is_coordinator:
             previous = self._deleting
             self._deleting = asyncio.create_task(self._prune(step, previous))

@@ -32,6 +32,9 @@ ChecksumMode = Literal["when_required", "when_supported"]
 StagingMode = Literal["none", "host"]
 #: what CheckpointManager.maybe_save does while an earlier save is still being written
 WhenBusy = Literal["wait", "skip"]
+#: what a tiered CheckpointManager does when a step's drain to the remote tier is still running
+#: as the next save starts: wait for it, skip the new step's drain, or queue a bounded number
+DrainWhenBusy = Literal["wait", "skip", "queue"]
 #: CheckpointManager best_n: keep the lowest ("min") or highest ("max") values of the metric
 BestMode = Literal["min", "max"]
 #: what a save computes so a load can check it (``CheckpointConfig.integrity``, bench

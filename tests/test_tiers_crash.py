@@ -1,0 +1,90 @@
+"""A tiered run SIGKILLed at each point of a step's way through the tiers (tests/tiers_child.py,
+files for both tiers): during the local write, just after the local commit, mid-drain, just
+before and just after the remote commit. After each kill a new manager restores the newest
+committed, verified step; no remote commit record names an incomplete object; the drain of a
+locally committed step resumes by itself; nothing of the dead run is left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asyncckpt import CheckpointManager
+from asyncckpt.owner import parse_temp
+from asyncckpt.steps import COMMIT
+
+from .conftest import ROOT
+from .tiers_child import OPTIONS, state_of
+
+POINTS = [
+    ("local-write", 2, False),  # (point, N, step 2 committed locally before the kill)
+    ("local-commit", 1, True),
+    ("drain", 1, True),
+    ("drain", 3, True),
+    ("before-remote-commit", 1, True),
+    ("after-remote-commit", 1, True),
+]
+
+
+def run_child(local: Path, remote: Path, point: str, nth: int) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "tests.tiers_child", str(local), str(remote), point, str(nth)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+def remote_records_name_complete_objects(remote: Path) -> list[int]:
+    """Every remote commit record's objects are there, at their recorded size."""
+    steps = []
+    for record_path in sorted(remote.glob(f"step-*/{COMMIT}")):
+        record = json.loads(record_path.read_text())
+        for name, size in zip(record["objects"], record["sizes"], strict=True):
+            assert (record_path.parent / name).stat().st_size == size, record_path
+        steps.append(record["step"])
+    return sorted(steps)
+
+
+def temporaries(*roots: Path) -> list[Path]:
+    return [p for root in roots for p in root.rglob("*") if parse_temp(p.name) is not None]
+
+
+@pytest.mark.parametrize(("point", "nth", "local_committed"), POINTS)
+async def test_a_kill_at_each_point_restores_the_newest_committed_step_and_resumes(
+    tmp_path: Path, point: str, nth: int, local_committed: bool
+) -> None:
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    local.mkdir()
+    remote.mkdir()
+    done = await asyncio.to_thread(run_child, local, remote, point, nth)  # off the loop
+    assert done.returncode == -9, done.stderr[-2000:]
+    assert done.stdout.startswith("step1"), done.stdout
+    on_remote = remote_records_name_complete_objects(remote)
+    assert on_remote == ([1, 2] if point == "after-remote-commit" else [1])
+    newest = 2 if local_committed else 1
+    into = state_of(0)
+    async with CheckpointManager(remote, local=local, keep_local=3, **OPTIONS) as mgr:
+        assert await mgr.restore(into=into) == newest
+        await mgr.wait()  # the drain of a locally committed step resumes by itself
+    assert np.array_equal(into["model"]["w"], state_of(newest)["model"]["w"])
+    tiers = mgr.stats.tiers
+    assert tiers is not None and tiers.restored_from is not None and tiers.restored_from[0] == "local"
+    resumed = [2] if local_committed and point != "after-remote-commit" else []
+    assert tiers.resumed == resumed
+    assert remote_records_name_complete_objects(remote) == ([1, 2] if local_committed else [1])
+    if not local_committed:  # the dead owner's uncommitted step is removed at start
+        assert mgr.stats.cleaned == [2] and not (local / "step-2").exists()
+    assert temporaries(local) == []
+    if local_committed:  # a resumed drain's save collects the dead drain's temporary
+        assert temporaries(remote) == []
