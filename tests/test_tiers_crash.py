@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from asyncckpt.owner import parse_temp
 from asyncckpt.steps import COMMIT
 
 from .conftest import ROOT
+from .launch import mpirun
 from .tiers_child import OPTIONS, state_of
 
 POINTS = [
@@ -88,3 +90,32 @@ async def test_a_kill_at_each_point_restores_the_newest_committed_step_and_resum
     assert temporaries(local) == []
     if local_committed:  # a resumed drain's save collects the dead drain's temporary
         assert temporaries(remote) == []
+
+
+@pytest.mark.mpi
+async def test_two_nodes_drain_their_own_objects_and_restore_from_the_nearest_tier(tmp_path: Path) -> None:
+    proc = await asyncio.to_thread(mpirun, "tests.tiers_mpi_child", str(tmp_path), "save")
+    assert proc.returncode == 0, proc.stderr
+    remote = tmp_path / "remote"
+    assert remote_records_name_complete_objects(remote) == [2, 3]  # keep_last=2 on the remote
+    record = json.loads((remote / "step-3" / COMMIT).read_text())
+    assert record["objects"] == ["rank-0-of-2.safetensors", "rank-1-of-2.safetensors"]
+    for rank in (0, 1):
+        node = tmp_path / f"node-{rank}"
+        # keep_local=1 on each node, each with its own object and the step's commit record
+        assert sorted(p.name for p in node.iterdir()) == ["step-3"]
+        assert sorted(p.name for p in (node / "step-3").iterdir()) == sorted(
+            [COMMIT, f"rank-{rank}-of-2.safetensors", *(["OWNER.json"] if rank == 0 else [])]
+        )
+        stats = json.loads((tmp_path / f"stats-{rank}.json").read_text())
+        assert [s["state"] for s in stats["steps"]] == (
+            ["remote-committed"] * 3 if rank == 0 else ["drained"] * 3
+        )
+    shutil.rmtree(tmp_path / "node-1")  # node 1 is lost
+    proc = await asyncio.to_thread(mpirun, "tests.tiers_mpi_child", str(tmp_path), "restore")
+    assert proc.returncode == 0, proc.stderr
+    restored = [json.loads((tmp_path / f"restored-{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["step"], r["from"][0], r["equal"]) for r in restored] == [
+        (3, "local", True),
+        (3, "remote", True),
+    ]

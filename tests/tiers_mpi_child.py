@@ -1,0 +1,53 @@
+"""One rank of a two-"node" tiered run: ``python -m tests.tiers_mpi_child BASE MODE``.
+
+Each rank stands for a node of its own: its local tier is ``BASE/node-<rank>`` and it is the
+first (only) rank of that node (``LOCAL_RANK=0``); the remote root ``BASE/remote`` is shared.
+``save``: steps 1-3 with ``keep_local=1`` and ``keep_last=2``; each rank writes its tier stats to
+``BASE/stats-<rank>.json``. ``restore``: the newest step, loaded in place; each rank writes
+``BASE/restored-<rank>.json`` (step, tier and why, whether the arrays are the saved ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asyncckpt import CheckpointManager
+from asyncckpt.node.topology import world
+
+OPTIONS: dict[str, Any] = {"chunk_size": 1 << 20, "num_buffers": 4}
+
+
+def state_of(rank: int, step: int) -> dict[str, Any]:
+    return {"w": np.arange(400_000, dtype=np.float32) + 1000 * rank + step, "step": step}
+
+
+async def main(base: Path, mode: str) -> None:
+    rank, _ = world()
+    local = base / f"node-{rank}"
+    local.mkdir(exist_ok=True)
+    async with CheckpointManager(base / "remote", local=local, keep_local=1, keep_last=2, **OPTIONS) as mgr:
+        if mode == "save":
+            for step in (1, 2, 3):
+                await mgr.maybe_save(step, state_of(rank, step))
+                await mgr.wait()
+            assert mgr.stats.tiers is not None
+            (base / f"stats-{rank}.json").write_text(json.dumps(mgr.stats.tiers.as_dict()))
+            return
+        into = state_of(rank, 0)
+        step = await mgr.restore(into=into)
+        assert mgr.stats.tiers is not None and step is not None
+        equal = bool(np.array_equal(into["w"], state_of(rank, step)["w"]))
+        record = {"step": step, "from": mgr.stats.tiers.restored_from, "equal": equal}
+        (base / f"restored-{rank}.json").write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    os.environ["LOCAL_RANK"] = "0"  # each rank is the only one on its "node" (a test stand-in)
+    asyncio.run(main(Path(sys.argv[1]), sys.argv[2]))
