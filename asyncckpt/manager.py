@@ -29,7 +29,7 @@ from typing import Any
 from . import modes, steps
 from .checkpointer import AsyncCheckpointer
 from .engine.monitor import now
-from .errors import CollectiveError, ConfigError
+from .errors import CollectiveError, ConfigError, NoSpaceError
 from .modes import BestMode, DrainWhenBusy, StagingMode, WhenBusy
 from .node.collectives import Collectives, get_collectives
 from .retention import Cadence, RetentionPolicy, check_metrics, to_delete
@@ -318,6 +318,7 @@ class CheckpointManager:
         except Exception as exc:  # raised to the caller here: recorded, not raised again by wait()
             self.stats.failed.append((step, f"save: {exc}"))
             await self._clean_failed(step, exc)
+            await self._make_room(step, exc)
             raise
         task = asyncio.create_task(self._finish(step, commit), name=f"asyncckpt-step {step}")
         self._pending.append(task)
@@ -344,6 +345,7 @@ class CheckpointManager:
             self._unraised.append(exc)
             log.error("checkpoint of step %d failed: %s", step, exc)
             await self._clean_failed(step, exc)
+            await self._make_room(step, exc)
             return
         self.stats.saved.append(step)
         assert self._coll is not None
@@ -358,6 +360,15 @@ class CheckpointManager:
         if self.retention.active and self._coll.is_coordinator:
             previous = self._deleting
             self._deleting = asyncio.create_task(self._prune(step, previous))
+
+    async def _make_room(self, step: int, cause: Exception) -> None:
+        """A full local tier: un-drained steps beyond ``keep_local`` give way (tiers say so)."""
+        if self.tiers is None or not isinstance(cause, NoSpaceError):
+            return
+        try:
+            await self.tiers.make_room(step, cause)
+        except Exception as exc:
+            log.warning("could not make room on the local tier after step %d: %s", step, exc)
 
     async def _prune(self, just_committed: int, previous: asyncio.Task[None] | None) -> None:
         if previous is not None:

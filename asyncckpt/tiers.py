@@ -79,6 +79,8 @@ class TierStats:
     local_deleted: list[int] = field(default_factory=list)
     remote_deleted: list[int] = field(default_factory=list)
     kept_local: list[tuple[int, str]] = field(default_factory=list)  # beyond keep_local, and why
+    #: local steps deleted before their remote commit because the local disk was full
+    dropped_local: list[tuple[int, str]] = field(default_factory=list)
     restored_from: tuple[str, str] | None = None  # (tier, why)
 
     def of(self, step: int) -> StepTiers:
@@ -165,6 +167,15 @@ class Tiers:
             if step not in remote and (not remote or step > max(remote)):
                 self.stats.resumed.append(step)
                 self._drain(step, None)
+
+    async def _remote_has(self, step: int) -> bool:
+        """Whether ``step`` is remote-committed; False while the remote cannot be read (an
+        outage must not stop the local tier's work)."""
+        try:
+            return await steps.read_commit(self.host, self.remote, step) is not None
+        except Exception as exc:
+            log.debug("remote commit of step %d unknown: %s", step, exc)
+            return False
 
     async def _remote_committed(self) -> set[int]:
         return {r.step for r in await steps.committed_steps(self.host, self.remote)}
@@ -357,7 +368,7 @@ class Tiers:
             return
         committed = await self._local_committed()
         for old in committed[: -self.keep_local]:
-            if await steps.read_commit(self.host, self.remote, old) is None:
+            if not await self._remote_has(old):
                 why = "not remote-committed yet: kept beyond keep_local"
                 if (old, why) not in self.stats.kept_local:
                     self.stats.kept_local.append((old, why))
@@ -368,6 +379,29 @@ class Tiers:
                 log.warning("could not delete old local step %d: %s", old, exc)
             else:
                 self.stats.local_deleted.append(old)
+
+    async def make_room(self, failed_step: int, cause: Exception) -> None:
+        """The local disk is full (a save of ``failed_step`` failed with NoSpaceError): the
+        local steps beyond ``keep_local`` go even if not remote-committed, and the manager says
+        so; never the newest committed one, nor one being drained."""
+        if local_rank() != 0:
+            return
+        committed = await self._local_committed()
+        for old in committed[: -self.keep_local]:
+            if self.stats.of(old).state == "draining":
+                continue
+            try:
+                await steps.delete_step(self.host, self.local, old)
+            except Exception as exc:
+                log.warning("could not delete local step %d to make room: %s", old, exc)
+                continue
+            remote = await self._remote_has(old)
+            why = f"local disk full (step {failed_step}: {cause})" + (
+                "" if remote else "; it was not remote-committed"
+            )
+            self.stats.dropped_local.append((old, why))
+            self.stats.local_deleted.append(old)
+            log.warning("deleted local step %d: %s", old, why)
 
     # -- restore ------------------------------------------------------------------------
     async def _local_committed(self) -> list[int]:

@@ -4,6 +4,7 @@ resumed drains, a remote outage, a full local disk and bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -237,3 +238,34 @@ def test_bad_tier_input_is_refused_naming_it(tmp_path: Path, kwargs: dict[str, A
 def test_the_local_root_must_not_be_the_remote_root(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="are the same directory"):
         CheckpointManager(tmp_path, local=tmp_path, **OPTIONS)
+
+
+async def test_a_full_local_disk_deletes_undrained_steps_beyond_keep_local_and_says_so(
+    tmp_path: Path,
+) -> None:
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    n = 600_000  # 2.4 MB a step: two fit in 6 MiB, three do not
+    with mounted(tmp_path / "small", "tmpfs", "size=6m") as local:
+        mgr = CheckpointManager(remote, local=local, keep_local=1, raise_on_failure=False, **OPTIONS)
+        outage(remote)  # nothing is remote-committed: keep_local alone deletes nothing
+        async with mgr:
+            for step in (1, 2):
+                await mgr.maybe_save(step, state_of(step, n))
+                await mgr.wait()
+            tiers = mgr.stats.tiers
+            assert tiers is not None and tiers.kept_local == [
+                (1, "not remote-committed yet: kept beyond keep_local")
+            ]
+            with contextlib.suppress(NoSpaceError):  # raised here, or recorded for wait()
+                await mgr.maybe_save(3, state_of(3, n))
+            await mgr.wait()
+            assert [s for s, why in mgr.stats.failed] == [3] and "No space" in mgr.stats.failed[0][1]
+            assert [s for s, _ in tiers.dropped_local] == [1]
+            assert (
+                "local disk full" in tiers.dropped_local[0][1]
+                and "not remote-committed" in tiers.dropped_local[0][1]
+            )
+            assert await mgr.maybe_save(4, state_of(4, n))  # room again
+            await mgr.wait()
+            assert mgr.stats.saved == [1, 2, 4] and committed(local) == [2, 4]
