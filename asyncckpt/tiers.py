@@ -103,7 +103,10 @@ def check_tiers(remote: str, local: object, keep_local: object, host: StepHost) 
             f"local={root!r} must be a local directory path (the fast tier), not a remote store"
         )
     if host.storage.backend_of(remote).has_directories and _same_dir(root, remote):
-        raise ConfigError(f"local={root!r} and the remote root {remote!r} are the same directory")
+        raise ConfigError(
+            f"local={root!r} and the remote root {remote!r} overlap "
+            "(the same directory, or one inside the other)"
+        )
     return root
 
 

@@ -236,8 +236,10 @@ def test_bad_tier_input_is_refused_naming_it(tmp_path: Path, kwargs: dict[str, A
 
 
 def test_the_local_root_must_not_be_the_remote_root(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="are the same directory"):
+    with pytest.raises(ConfigError, match="overlap"):
         CheckpointManager(tmp_path, local=tmp_path, **OPTIONS)
+    with pytest.raises(ConfigError, match="overlap"):
+        CheckpointManager(tmp_path, local=tmp_path / "local", **OPTIONS)
 
 
 async def test_a_full_local_disk_deletes_undrained_steps_beyond_keep_local_and_says_so(
