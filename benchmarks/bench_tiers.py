@@ -1,0 +1,183 @@
+"""Tiered checkpoints (issue 26): the local commit against a plain local save, and the drain
+against a direct save of the same state to the same store.
+
+Per pair, through one checkpointer (one staging area, one pool), in fresh roots each time:
+
+- ``plain``: a ``CheckpointManager(LOCAL)`` saves the state as one step; the time from
+  ``maybe_save`` to the step's commit (``wait()``);
+- ``tiered``: a ``CheckpointManager(REMOTE, local=LOCAL)`` saves it; the time from
+  ``maybe_save`` to the local commit (``stats.tiers``), then its drain's seconds (measured by
+  the drain itself: reading the local file, uploading, verified against the header's CRCs);
+- ``direct``: ``save_state(REMOTE/..., staging="none")`` of the same state: what the drain
+  is compared with (the same bytes into the same store, from memory).
+
+Order alternates within each pair. Targets: local commit <= 1.05 x plain; drain throughput
+>= 0.9 x direct, each judged on the median ratio and its 95 % bootstrap interval.
+
+    python benchmarks/bench_tiers.py                          # remote: an embedded moto
+    python benchmarks/bench_tiers.py --server swift --size 1GiB
+    python benchmarks/bench_tiers.py --remote /mnt/other-disk --dir /var/tmp
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import emit, median, ratio_verdict
+
+from asyncckpt import AsyncCheckpointer, CheckpointManager, parse_size
+from asyncckpt.servers.embedded import start_for_bench
+from asyncckpt.steps import delete_step, make_directory, steps_under
+
+LOCAL_TARGET, DRAIN_TARGET = 1.05, 0.9
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", default="256MiB", help="bytes of the state (default 256MiB: moto is slow)")
+    p.add_argument("--tensor", default="16MiB", help="bytes per tensor (default 16MiB)")
+    p.add_argument(
+        "--pairs", type=int, default=5, help="alternating pairs (default 5, the verdict's minimum)"
+    )
+    p.add_argument("--dir", default=None, help="where the local tier's roots go (default: the temp dir)")
+    p.add_argument("--remote", default=None, help="a directory or s3://bucket/prefix (default: --server's)")
+    p.add_argument("--server", default="moto", choices=("moto", "swift"), help="embedded S3 server")
+    p.add_argument("--chunk-size", default="32MiB")
+    return p.parse_args(argv)
+
+
+def make_state(size: int, tensor: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    n, per = max(1, size // tensor), tensor // 4
+    return {f"layer{i}": rng.standard_normal(per, dtype=np.float32) for i in range(n)}
+
+
+async def remove_steps(ckpt: AsyncCheckpointer, *roots: str) -> None:
+    for root in roots:
+        for step in await steps_under(ckpt, root):
+            await delete_step(ckpt, root, step)
+
+
+async def plain(ckpt: AsyncCheckpointer, local: Path, state: dict[str, Any]) -> float:
+    mgr = CheckpointManager(local, checkpointer=ckpt)
+    await mgr.start()
+    t0 = time.perf_counter()
+    await mgr.maybe_save(1, state)
+    await mgr.wait()
+    seconds = time.perf_counter() - t0
+    await mgr.aclose()
+    await remove_steps(ckpt, str(local))
+    return seconds
+
+
+async def tiered(
+    ckpt: AsyncCheckpointer, local: Path, remote: str, state: dict[str, Any]
+) -> dict[str, float]:
+    mgr = CheckpointManager(remote, local=local, checkpointer=ckpt)
+    await mgr.start()
+    await mgr.maybe_save(1, state)
+    await mgr.wait()
+    await mgr.aclose()
+    assert mgr.tiers is not None
+    facts = mgr.tiers.stats.steps[1]
+    if facts.state != "remote-committed" or facts.local_commit_s is None:
+        raise RuntimeError(f"the tiered step did not commit remotely: {facts}")
+    await remove_steps(ckpt, str(local), remote)
+    return {
+        "local_s": facts.local_commit_s,
+        "drain_s": facts.drain_s,
+        "remote_s": facts.remote_commit_s or 0.0,
+    }
+
+
+async def direct(ckpt: AsyncCheckpointer, remote: str, state: dict[str, Any]) -> float:
+    uri = f"{remote}/direct.safetensors"
+    await make_directory(ckpt, remote)  # a directory remote (a no-op on S3)
+    t0 = time.perf_counter()
+    await ckpt.save_state(uri, state, staging="none")
+    seconds = time.perf_counter() - t0
+    await ckpt.delete(uri)
+    return seconds
+
+
+async def run(args: argparse.Namespace, remote_base: str, local_base: Path) -> dict[str, Any]:
+    state = make_state(parse_size(args.size), parse_size(args.tensor, name="tensor"))
+    nbytes = sum(a.nbytes for a in state.values())
+    rows: list[dict[str, Any]] = []
+    async with AsyncCheckpointer(chunk_size=parse_size(args.chunk_size)) as ckpt:
+        await ckpt.reserve_staging(state)
+        warm = local_base / "warm"  # warm-up: the pool, the staging area, the store's client
+        await tiered(ckpt, warm, f"{remote_base}/warm", state)
+        await direct(ckpt, f"{remote_base}/warm", state)
+        for pair in range(args.pairs):
+            local = local_base / f"pair-{pair}"
+            remote = f"{remote_base}/pair-{pair}-{uuid.uuid4().hex[:8]}"
+            got: dict[str, Any] = {}
+            for kind in ("plain", "tiered", "direct") if pair % 2 == 0 else ("direct", "tiered", "plain"):
+                (local / kind).mkdir(parents=True, exist_ok=True)
+                if kind == "plain":
+                    got[kind] = await plain(ckpt, local / kind, state)
+                elif kind == "tiered":
+                    got[kind] = await tiered(ckpt, local / kind, remote, state)
+                else:
+                    got[kind] = await direct(ckpt, remote, state)
+            t = got["tiered"]
+            rows.append(
+                {
+                    "pair": pair + 1,
+                    "plain_local_s": got["plain"],
+                    "tiered_local_s": t["local_s"],
+                    "local_ratio": t["local_s"] / got["plain"],
+                    "drain_gbps": nbytes / t["drain_s"] / 1e9,
+                    "direct_gbps": nbytes / got["direct"] / 1e9,
+                    "drain_ratio": got["direct"] / t["drain_s"],
+                    "remote_durable_s": t["remote_s"],
+                }
+            )
+    return {
+        "rows": rows,
+        "bytes": nbytes,
+        "local_commit": ratio_verdict([r["local_ratio"] for r in rows], LOCAL_TARGET, at_most=True)
+        if len(rows) >= 5
+        else None,
+        "drain_vs_direct": ratio_verdict([r["drain_ratio"] for r in rows], DRAIN_TARGET)
+        if len(rows) >= 5
+        else None,
+        "drain_gbps_median": median([r["drain_gbps"] for r in rows]),
+        "direct_gbps_median": median([r["direct_gbps"] for r in rows]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        if args.remote is None:
+            remote = start_for_bench(stack, args.server).rsplit("/", 1)[0] + "/bench-tiers"
+        elif "://" in args.remote:
+            remote = args.remote.rstrip("/")
+        else:
+            remote = stack.enter_context(tempfile.TemporaryDirectory(dir=args.remote))
+        local = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-tiers-")))
+        stack.callback(shutil.rmtree, local, True)
+        out = asyncio.run(run(args, remote, local))
+    rows = out.pop("rows")
+    headers = [
+        *("pair", "plain_local_s", "tiered_local_s", "local_ratio"),
+        *("drain_gbps", "direct_gbps", "drain_ratio", "remote_durable_s"),
+    ]
+    emit("bench_tiers", rows, headers, {"remote": remote, **out})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
