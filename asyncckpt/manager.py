@@ -232,6 +232,8 @@ class CheckpointManager:
         try:
             await self.wait()
         finally:
+            if self.tiers is not None:
+                await self.tiers.aclose()
             if self._coll is not None:
                 self._coll.close()
             if self._own:

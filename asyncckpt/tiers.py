@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from . import steps
+from .checkpointer import AsyncCheckpointer
 from .drain import Drained, DrainHost, check_bandwidth, drain_object
 from .engine.monitor import now
 from .errors import AsyncCkptError, ConfigError, IntegrityError, TargetNotFoundError
@@ -150,6 +151,10 @@ class Tiers:
         self._skip_next = False
         self._logged: set[int] = set()
         self._began: dict[int, asyncio.Event] = {}
+        self._local_done: dict[int, asyncio.Event] = {}
+        #: the drains' own checkpointer (same config): a save holds its runtime's lock for the whole
+        #: write, so a drain through the manager's would hold the next local save behind it
+        self._drainer: AsyncCheckpointer | None = None
 
     # -- the manager's hooks ----------------------------------------------------------------
     async def start(self, coll: Collectives) -> None:
@@ -211,6 +216,7 @@ class Tiers:
         mine.started_at = None if started is None else started[1]
         mine.state = "local"
         await self._local_record(record)
+        self._local_done.setdefault(step, asyncio.Event()).set()
         for failed in sorted({s for s, _ in self.stats.drain_failures}):
             if self.stats.of(failed).state == "failed" and failed < step:
                 self._drain(failed, None)  # the remote may be back: try again, in step order
@@ -227,10 +233,20 @@ class Tiers:
         act while a drain runs)."""
         await self._began.setdefault(step, asyncio.Event()).wait()
 
+    async def local_committed(self, step: int) -> None:
+        """Until ``step`` is committed on the local tier (a hook, like :meth:`drain_began`)."""
+        await self._local_done.setdefault(step, asyncio.Event()).wait()
+
     async def wait(self) -> None:
         """Until every drain and remote commit started so far has ended."""
         while pending := [t for t in self._running | self._committing if not t.done()]:
             await asyncio.wait(pending)
+
+    async def aclose(self) -> None:
+        """Close the drains' checkpointer (after :meth:`wait`)."""
+        drainer, self._drainer = self._drainer, None
+        if drainer is not None:
+            await drainer.aclose()
 
     # -- draining -----------------------------------------------------------------------
     def _drain(self, step: int, record: StepCommit | None) -> None:
@@ -274,7 +290,9 @@ class Tiers:
             return None
         await steps.make_directory(self.host, base)
         local = f"{steps.step_uri(self.local, step)}/{name}"
-        done = await drain_object(self.host, local, f"{base}/{name}", bandwidth=self.bandwidth)
+        if self._drainer is None:
+            self._drainer = AsyncCheckpointer(self.host.config)
+        done = await drain_object(self._drainer, local, f"{base}/{name}", bandwidth=self.bandwidth)
         facts = {"object": name, "size": done.size, "identity": done.identity, "drain_s": done.seconds}
         await steps.put_record(self.host, f"{base}/{_marker(name)}", facts)
         return done

@@ -271,3 +271,18 @@ async def test_a_full_local_disk_deletes_undrained_steps_beyond_keep_local_and_s
             assert await mgr.maybe_save(4, state_of(4, n))  # room again
             await mgr.wait()
             assert mgr.stats.saved == [1, 2, 4] and committed(local) == [2, 4]
+
+
+async def test_a_running_drain_does_not_hold_the_next_local_commit(tmp_path: Path) -> None:
+    local, remote = tiers_of(tmp_path)
+    big = 1_000_000  # 4 MB drained at 4 MB/s: about a second, a local save takes milliseconds
+    async with CheckpointManager(remote, local=local, drain_bandwidth=4e6, **OPTIONS) as mgr:
+        assert mgr.tiers is not None
+        await mgr.maybe_save(1, state_of(1, big))
+        await mgr.tiers.drain_began(1)
+        await mgr.maybe_save(2, state_of(2, big))
+        await mgr.tiers.local_committed(2)
+        # step 2 committed locally while step 1 was still draining (the drain has its own
+        # checkpointer: the manager's runtime lock, held for a whole save, is not the drain's)
+        assert mgr.tiers.stats.steps[1].state == "draining"
+    assert committed(remote) == [1, 2]
