@@ -1,9 +1,11 @@
 """Tiered checkpoints (issue 26): the local commit against a plain local save, and the drain
 against a direct save of the same state to the same store.
 
-Per pair, through one checkpointer (one staging area, one pool), in fresh roots each time:
+Per pair, through one checkpointer (one staging area, one pool) and one manager of each kind
+for the whole run (warmed up by a step 0; the steps of each measurement are removed after it,
+untimed):
 
-- ``plain``: a ``CheckpointManager(LOCAL)`` saves the state as one step; the time from
+- ``plain``: a ``CheckpointManager(LOCAL)`` saves the state as a step; the time from
   ``maybe_save`` to the step's commit (``wait()``);
 - ``tiered``: a ``CheckpointManager(REMOTE, local=LOCAL)`` saves it; the time from
   ``maybe_save`` to the local commit (``stats.tiers``), then its drain's seconds (measured by
@@ -28,7 +30,6 @@ import shutil
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -68,31 +69,23 @@ async def remove_steps(ckpt: AsyncCheckpointer, *roots: str) -> None:
             await delete_step(ckpt, root, step)
 
 
-async def plain(ckpt: AsyncCheckpointer, local: Path, state: dict[str, Any]) -> float:
-    mgr = CheckpointManager(local, checkpointer=ckpt)
-    await mgr.start()
+async def plain(mgr: CheckpointManager, step: int, state: dict[str, Any]) -> float:
     t0 = time.perf_counter()
-    await mgr.maybe_save(1, state)
+    await mgr.maybe_save(step, state)
     await mgr.wait()
     seconds = time.perf_counter() - t0
-    await mgr.aclose()
-    await remove_steps(ckpt, str(local))
+    await remove_steps(mgr.ckpt, mgr.root)  # untimed
     return seconds
 
 
-async def tiered(
-    ckpt: AsyncCheckpointer, local: Path, remote: str, state: dict[str, Any]
-) -> dict[str, float]:
-    mgr = CheckpointManager(remote, local=local, checkpointer=ckpt)
-    await mgr.start()
-    await mgr.maybe_save(1, state)
+async def tiered(mgr: CheckpointManager, step: int, state: dict[str, Any]) -> dict[str, float]:
+    await mgr.maybe_save(step, state)
     await mgr.wait()
-    await mgr.aclose()
     assert mgr.tiers is not None
-    facts = mgr.tiers.stats.steps[1]
+    facts = mgr.tiers.stats.steps[step]
     if facts.state != "remote-committed" or facts.local_commit_s is None:
         raise RuntimeError(f"the tiered step did not commit remotely: {facts}")
-    await remove_steps(ckpt, str(local), remote)
+    await remove_steps(mgr.ckpt, mgr.tiers.local, mgr.tiers.remote)  # untimed
     return {
         "local_s": facts.local_commit_s,
         "drain_s": facts.drain_s,
@@ -114,23 +107,33 @@ async def run(args: argparse.Namespace, remote_base: str, local_base: Path) -> d
     state = make_state(parse_size(args.size), parse_size(args.tensor, name="tensor"))
     nbytes = sum(a.nbytes for a in state.values())
     rows: list[dict[str, Any]] = []
-    async with AsyncCheckpointer(chunk_size=parse_size(args.chunk_size)) as ckpt:
+    async with contextlib.AsyncExitStack() as stack:
+        ckpt = await stack.enter_async_context(AsyncCheckpointer(chunk_size=parse_size(args.chunk_size)))
         await ckpt.reserve_staging(state)
-        warm = local_base / "warm"  # warm-up: the pool, the staging area, the store's client
-        await tiered(ckpt, warm, f"{remote_base}/warm", state)
+        for name in ("plain", "tiered"):
+            (local_base / name).mkdir()
+        # one manager each for the whole run (a tiered one keeps its drains' pool): warmed up by
+        # step 0, as a training run is by its first checkpoint
+        managers = {
+            "plain": CheckpointManager(local_base / "plain", checkpointer=ckpt),
+            "tiered": CheckpointManager(remote_base, local=local_base / "tiered", checkpointer=ckpt),
+        }
+        for mgr in managers.values():
+            stack.push_async_callback(mgr.aclose)
+            await mgr.start()
+        await plain(managers["plain"], 0, state)
+        await tiered(managers["tiered"], 0, state)
         await direct(ckpt, f"{remote_base}/warm", state)
         for pair in range(args.pairs):
-            local = local_base / f"pair-{pair}"
-            remote = f"{remote_base}/pair-{pair}-{uuid.uuid4().hex[:8]}"
             got: dict[str, Any] = {}
+            step = pair + 1
             for kind in ("plain", "tiered", "direct") if pair % 2 == 0 else ("direct", "tiered", "plain"):
-                (local / kind).mkdir(parents=True, exist_ok=True)
                 if kind == "plain":
-                    got[kind] = await plain(ckpt, local / kind, state)
+                    got[kind] = await plain(managers["plain"], step, state)
                 elif kind == "tiered":
-                    got[kind] = await tiered(ckpt, local / kind, remote, state)
+                    got[kind] = await tiered(managers["tiered"], step, state)
                 else:
-                    got[kind] = await direct(ckpt, remote, state)
+                    got[kind] = await direct(ckpt, f"{remote_base}/direct-{step}", state)
             t = got["tiered"]
             rows.append(
                 {
