@@ -1,4 +1,4 @@
-"""A tiered run that a test kills: ``python -m tests.tiers_child LOCAL REMOTE POINT [N]``.
+"""A tiered run that a test kills: ``python -m tests.tiers_child LOCAL REMOTE POINT [N [OPTIONS]]``.
 
 Step 1 is saved and drained to the end (the line ``step1`` on stdout says so); then step 2 is
 saved, and the process SIGKILLs itself at POINT of step 2, in whichever thread gets there:
@@ -11,12 +11,14 @@ saved, and the process SIGKILLs itself at POINT of step 2, in whichever thread g
 
 ``os.pwrite`` and ``os.replace`` (the calls the file sink writes and publishes with) are
 wrapped in this child only, so the kill lands at that exact point of the real code. POINT
-``none`` runs to the end and prints ``done``.
+``none`` runs to the end and prints ``done`` (an S3 remote's relay kills it instead); OPTIONS
+is a JSON object of S3 ``backend_options``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -34,7 +36,7 @@ OPTIONS: dict[str, Any] = {"chunk_size": MiB, "num_buffers": 4}
 
 
 def state_of(step: int) -> dict[str, Any]:
-    return {"model": {"w": np.arange(1_000_000, dtype=np.float32) + step}, "step": step}  # 4 MB
+    return {"model": {"w": np.arange(3_000_000, dtype=np.float32) + step}, "step": step}  # 12 MB
 
 
 def die() -> None:
@@ -68,12 +70,16 @@ def arm(local: Path, remote: Path, point: str, nth: int) -> None:
     os.replace = replace
 
 
-async def main(local: Path, remote: Path, point: str, nth: int) -> None:
-    async with CheckpointManager(remote, local=local, keep_local=3, **OPTIONS) as mgr:
+async def main(local: Path, remote: str, point: str, nth: int, backend_options: dict[str, Any]) -> None:
+    # an S3 remote: its client in this process (isolation="none"), so the kill ends every request
+    s3 = {"chunk_size": 5 * MiB, "backend_options": backend_options, "isolation": "none"}
+    options = {**OPTIONS, **s3} if backend_options else OPTIONS
+    async with CheckpointManager(remote, local=local, keep_local=3, **options) as mgr:
         await mgr.maybe_save(1, state_of(1))
         await mgr.wait()
         print("step1", flush=True)
-        arm(local, remote, point, nth)
+        if point != "none":
+            arm(local, Path(remote), point, nth)
         await mgr.maybe_save(2, state_of(2))
         await mgr.wait()
     print("done", flush=True)
@@ -81,4 +87,5 @@ async def main(local: Path, remote: Path, point: str, nth: int) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    asyncio.run(main(Path(args[0]), Path(args[1]), args[2], int(args[3]) if len(args) > 3 else 1))
+    options_ = json.loads(args[4]) if len(args) > 4 else {}
+    asyncio.run(main(Path(args[0]), args[1], args[2], int(args[3]) if len(args) > 3 else 1, options_))
