@@ -54,6 +54,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--remote", default=None, help="a directory or s3://bucket/prefix (default: --server's)")
     p.add_argument("--server", default="moto", choices=("moto", "swift"), help="embedded S3 server")
     p.add_argument("--chunk-size", default="32MiB")
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=120.0,
+        help="seconds without progress before a storage call is given up (120: moto on a busy 2-core VM "
+        "left a part unacknowledged for the default 20 s)",
+    )
     return p.parse_args(argv)
 
 
@@ -108,7 +115,8 @@ async def run(args: argparse.Namespace, remote_base: str, local_base: Path) -> d
     nbytes = sum(a.nbytes for a in state.values())
     rows: list[dict[str, Any]] = []
     async with contextlib.AsyncExitStack() as stack:
-        ckpt = await stack.enter_async_context(AsyncCheckpointer(chunk_size=parse_size(args.chunk_size)))
+        options = {"chunk_size": parse_size(args.chunk_size), "stall_timeout": args.stall_timeout}
+        ckpt = await stack.enter_async_context(AsyncCheckpointer(**options))
         await ckpt.reserve_staging(state)
         for name in ("plain", "tiered"):
             (local_base / name).mkdir()
