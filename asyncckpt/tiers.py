@@ -198,11 +198,12 @@ class Tiers:
             self._skip_next = True
             return
         limit = 0 if self.when_busy == "wait" else self.max_queued
-        t0 = now()
+        t0, waited = now(), False
         while len(busy) > limit:
+            waited = True
             await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
             busy = [t for t in busy if not t.done()]
-        if now() - t0 > 0 or limit == 0:
+        if waited:
             self.stats.drains_waited.append((step, now() - t0))
         if busy:
             self.stats.drains_queued.append(step)

@@ -201,6 +201,7 @@ async def test_a_busy_drain_is_skipped_waited_for_or_queued(tmp_path: Path) -> N
             assert [s for s, _ in tiers.drains_waited] == [2] and committed(remote / mode) == [1, 2]
         else:
             assert tiers.drains_queued == [2] and committed(remote / mode) == [1, 2]
+            assert tiers.drains_waited == []  # one queued is within max_queued_drains=1: no wait
 
 
 async def test_a_full_local_disk_says_so_and_the_previous_step_restores(tmp_path: Path) -> None:
