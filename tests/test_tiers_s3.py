@@ -1,5 +1,6 @@
 """Tiered checkpoints with an S3 remote (moto, and Swift where installed): multipart drains,
-the remote commit, node loss restored from S3, and an outage of the store during a drain."""
+the remote commit, node loss restored from S3, and an outage or a stall of the store during a
+drain."""
 
 from __future__ import annotations
 
@@ -97,3 +98,36 @@ async def test_an_s3_outage_keeps_steps_local_reports_once_and_retries(
         await front.stop()
     assert tiers.remote_committed == [1, 2] and len(tiers.drain_failures) == 1
     assert "step-1/COMMITTED.json" in await asyncio.to_thread(keys, ep, bucket)
+
+
+async def test_an_s3_stall_during_a_drain_keeps_the_step_local_and_is_retried(
+    moto_endpoint: S3Endpoint, tmp_path: Path
+) -> None:
+    bucket = await asyncio.to_thread(new_bucket, moto_endpoint)
+    # no upload request of step 1's object is answered: the store stalls (retries too)
+    stalls = lambda line: line.startswith(("PUT ", "POST ")) and f"step-1/{OBJECT}" in line  # noqa: E731
+    front = FaultyFront(moto_endpoint.endpoint, "hold", stalls, times=10**6)
+    endpoint = await front.start()
+    local = tmp_path / "local"
+    local.mkdir()
+    options = {
+        "chunk_size": CHUNK,
+        "num_buffers": 4,
+        "stall_timeout": 2.0,
+        "backend_options": moto_endpoint.options(endpoint_url=endpoint),
+    }
+    try:
+        async with CheckpointManager(
+            f"s3://{bucket}/run", local=local, raise_on_failure=False, **options
+        ) as mgr:
+            await mgr.maybe_save(1, state_of(1))
+            await mgr.wait()  # the drain gave up after stall_timeout; the step is committed locally
+            tiers = mgr.stats.tiers
+            assert tiers is not None and mgr.stats.saved == [1] and front.spoiled
+            assert [s for s, _ in tiers.drain_failures] == [1] and "StallError" in tiers.drain_failures[0][1]
+            front.left = 0  # the store answers again: step 1 is retried first, after step 2's commit
+            await mgr.maybe_save(2, state_of(2))
+            await mgr.wait()
+    finally:
+        await front.stop()
+    assert tiers.remote_committed == [1, 2] and len(tiers.drain_failures) == 1
