@@ -36,7 +36,9 @@ from .errors import AsyncCkptError, ConfigError, IntegrityError, TargetNotFoundE
 from .modes import DrainWhenBusy
 from .node.collectives import Collectives
 from .node.launcher import local_rank
+from .owner import Owner, boot_id, host
 from .retention import RetentionPolicy, to_delete
+from .sinks import leftovers
 from .steps import StepCommit, StepHost, StepLoad
 
 log = logging.getLogger("asyncckpt")
@@ -76,6 +78,7 @@ class TierStats:
     drains_queued: list[int] = field(default_factory=list)  # drained after an earlier one
     drain_failures: list[tuple[int, str]] = field(default_factory=list)  # each step once, first cause
     resumed: list[int] = field(default_factory=list)  # committed local steps drained after a restart
+    collected: list[str] = field(default_factory=list)  # dead drains' pending uploads removed
     remote_committed: list[int] = field(default_factory=list)
     local_deleted: list[int] = field(default_factory=list)
     remote_deleted: list[int] = field(default_factory=list)
@@ -119,6 +122,11 @@ def _same_dir(a: str, b: str) -> bool:
 
 def _marker(name: str) -> str:
     return name.removesuffix(".safetensors") + ".drained.json"
+
+
+def _draining(name: str) -> str:
+    """Who is draining the object (host, boot, pid): the owner rule's record for its upload."""
+    return name.removesuffix(".safetensors") + ".draining.json"
 
 
 class Tiers:
@@ -290,6 +298,9 @@ class Tiers:
         if await steps.get_record(self.host, f"{base}/{_marker(name)}") is not None:
             return None
         await steps.make_directory(self.host, base)
+        await self._collect_dead_drain(base, name)
+        me = {"host": host(), "boot": boot_id(), "pid": os.getpid(), "started_at": time.time()}
+        await steps.put_record(self.host, f"{base}/{_draining(name)}", me)
         local = f"{steps.step_uri(self.local, step)}/{name}"
         if self._drainer is None:
             self._drainer = AsyncCheckpointer(self.host.config)
@@ -297,6 +308,28 @@ class Tiers:
         facts = {"object": name, "size": done.size, "identity": done.identity, "drain_s": done.seconds}
         await steps.put_record(self.host, f"{base}/{_marker(name)}", facts)
         return done
+
+    async def _collect_dead_drain(self, base: str, name: str) -> None:
+        """A previous drain of this object whose recorded process provably died (this host and
+        boot, pid gone) may have left a pending multipart upload: removed, by the owner rule. A
+        file remote's dead temporaries are removed by the next save into its directory."""
+        target = f"{base}/{name}"
+        if self.host.storage.backend_of(target).has_directories:
+            return
+        record = await steps.get_record(self.host, f"{base}/{_draining(name)}")
+        if record is None:
+            return
+        try:
+            owner = Owner(name, str(record["host"]), str(record["boot"]), int(record["pid"]))
+        except (KeyError, TypeError, ValueError):
+            return
+        if not owner.provably_dead():
+            return
+        options = dict(self.host.config.backend_options)
+        mine = [x for x in await leftovers.find(target, 0.0, options) if x.where == target]
+        for gone in await leftovers.remove(mine, target, options):
+            self.stats.collected.append(f"{gone.where} (upload {gone.upload_id})")
+            log.info("removed the pending upload %s of a dead drain of %s", gone.upload_id, target)
 
     def _failed(self, step: int, exc: Exception) -> None:
         mine = self.stats.of(step)

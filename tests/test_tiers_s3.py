@@ -47,6 +47,7 @@ async def test_steps_drain_to_s3_and_a_lost_node_restores_from_it(s3_env: S3Endp
     assert await asyncio.to_thread(keys, s3_env, bucket) == [
         "step-2/COMMITTED.json",
         "step-2/rank-0-of-1.drained.json",
+        "step-2/rank-0-of-1.draining.json",
         f"step-2/{OBJECT}",
     ]
     async with AsyncCheckpointer(**options) as ckpt:  # the drained object verifies on its own
