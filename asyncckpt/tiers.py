@@ -492,8 +492,11 @@ class Tiers:
                 exc,
             )
             remote = set()
-        views = await coll.all_gather_object(sorted(local))
-        everywhere = set.intersection(*(set(v) for v in views)) if views else set()
+        # every rank must pick the same step: one that all of them hold locally, or that all
+        # of them see remote-committed (a rank that cannot list the remote sees none there)
+        views = await coll.all_gather_object((sorted(local), sorted(remote)))
+        everywhere = set.intersection(*(set(v[0]) for v in views)) if views else set()
+        remote = set.intersection(*(set(v[1]) for v in views)) if views else set()
         candidates = everywhere | remote
         if not candidates:
             return None

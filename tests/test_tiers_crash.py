@@ -119,3 +119,16 @@ async def test_two_nodes_drain_their_own_objects_and_restore_from_the_nearest_ti
         (3, "local", True),
         (3, "remote", True),
     ]
+
+
+@pytest.mark.mpi
+async def test_ranks_that_see_different_remotes_restore_the_same_step(tmp_path: Path) -> None:
+    proc = await asyncio.to_thread(mpirun, "tests.tiers_mpi_child", str(tmp_path), "save")
+    assert proc.returncode == 0, proc.stderr
+    shutil.rmtree(tmp_path / "node-1")  # node 1 is lost, and cannot list the remote either
+    proc = await asyncio.to_thread(mpirun, "tests.tiers_mpi_child", str(tmp_path), "restore-blind")
+    assert proc.returncode == 0, proc.stderr
+    restored = [json.loads((tmp_path / f"restored-{r}.json").read_text()) for r in (0, 1)]
+    # no step is on every rank's local tier, and rank 1 sees none remote-committed: no rank
+    # may load one (rank 0 alone restoring step 3 left the job split between two states)
+    assert [r["step"] for r in restored] == [None, None]

@@ -5,6 +5,8 @@ first (only) rank of that node (``LOCAL_RANK=0``); the remote root ``BASE/remote
 ``save``: steps 1-3 with ``keep_local=1`` and ``keep_last=2``; each rank writes its tier stats to
 ``BASE/stats-<rank>.json``. ``restore``: the newest step, loaded in place; each rank writes
 ``BASE/restored-<rank>.json`` (step, tier and why, whether the arrays are the saved ones).
+``restore-blind``: the same, but rank 1 reaches the remote through a symlink that it replaces
+by a file once its manager is made: it cannot list the remote, rank 0 can.
 """
 
 from __future__ import annotations
@@ -32,7 +34,15 @@ async def main(base: Path, mode: str) -> None:
     rank, _ = world()
     local = base / f"node-{rank}"
     local.mkdir(exist_ok=True)
-    async with CheckpointManager(base / "remote", local=local, keep_local=1, keep_last=2, **OPTIONS) as mgr:
+    remote = base / "remote"
+    if mode == "restore-blind" and rank == 1:
+        remote = base / "remote-of-rank-1"
+        remote.symlink_to(base / "remote")
+    mgr = CheckpointManager(remote, local=local, keep_local=1, keep_last=2, **OPTIONS)
+    if remote.is_symlink():  # the root check passed; now this rank cannot list it
+        remote.unlink()
+        remote.write_text("")
+    async with mgr:
         if mode == "save":
             for step in (1, 2, 3):
                 await mgr.maybe_save(step, state_of(rank, step))
@@ -42,8 +52,8 @@ async def main(base: Path, mode: str) -> None:
             return
         into = state_of(rank, 0)
         step = await mgr.restore(into=into)
-        assert mgr.stats.tiers is not None and step is not None
-        equal = bool(np.array_equal(into["w"], state_of(rank, step)["w"]))
+        assert mgr.stats.tiers is not None
+        equal = step is None or bool(np.array_equal(into["w"], state_of(rank, step)["w"]))
         record = {"step": step, "from": mgr.stats.tiers.restored_from, "equal": equal}
         (base / f"restored-{rank}.json").write_text(json.dumps(record))
 
