@@ -173,14 +173,23 @@ class Tiers:
                 f"drain_when_busy='skip' needs one rank; this job has {coll.world_size}: "
                 "use 'wait' or 'queue'"
             )
+        failure: Exception | None = None
         try:
             remote = await self._remote_committed()
         except Exception as exc:  # training starts anyway: the drains are tried at the next commit
-            for step in await self._local_committed():
-                self._failed(step, exc)
+            remote, failure = set(), exc
+        local = await self._local_committed()
+        # agreed by every rank: a step only some ranks still hold locally (a node was lost) can
+        # never be remote-committed, and rank 0 would wait for the others' objects in vain
+        views = await coll.all_gather_object((local, sorted(remote), failure is None))
+        if failure is not None or not all(v[2] for v in views):
+            for step in local:
+                self._failed(step, failure or AsyncCkptError("a rank could not list the remote root"))
             return
-        for step in await self._local_committed():
-            if step not in remote and (not remote or step > max(remote)):
+        everywhere = set.intersection(*(set(v[0]) for v in views))
+        agreed = set.intersection(*(set(v[1]) for v in views))
+        for step in sorted(everywhere):
+            if step not in agreed and (not agreed or step > max(agreed)):
                 self.stats.resumed.append(step)
                 self._drain(step, None)
 

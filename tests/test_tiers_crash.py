@@ -132,3 +132,21 @@ async def test_ranks_that_see_different_remotes_restore_the_same_step(tmp_path: 
     # no step is on every rank's local tier, and rank 1 sees none remote-committed: no rank
     # may load one (rank 0 alone restoring step 3 left the job split between two states)
     assert [r["step"] for r in restored] == [None, None]
+
+
+@pytest.mark.mpi
+async def test_a_step_one_node_lost_is_not_resumed_by_the_others(tmp_path: Path) -> None:
+    proc = await asyncio.to_thread(mpirun, "tests.tiers_mpi_child", str(tmp_path), "save")
+    assert proc.returncode == 0, proc.stderr
+    (tmp_path / "blocker").write_text("")  # the remote below it cannot be listed or written
+    proc = await asyncio.to_thread(mpirun, "tests.tiers_mpi_child", str(tmp_path), "outage")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "node-0" / "step-4" / "COMMITTED.json").exists()
+    shutil.rmtree(tmp_path / "node-1")  # node 1 is lost with its step-4 object
+    (tmp_path / "blocker").unlink()
+    (tmp_path / "blocker").mkdir()  # the remote is back (empty)
+    # rank 0 alone holds steps 3 and 4: resumed, rank 0 would wait for rank 1's objects
+    # (600 s), which no rank can drain; nobody resumes them, and the run ends at once
+    proc = await asyncio.to_thread(mpirun, "tests.tiers_mpi_child", str(tmp_path), "resume")
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads((tmp_path / f"resumed-{r}.json").read_text()) for r in (0, 1)] == [[], []]

@@ -5,7 +5,9 @@ first (only) rank of that node (``LOCAL_RANK=0``); the remote root ``BASE/remote
 ``save``: steps 1-3 with ``keep_local=1`` and ``keep_last=2``; each rank writes its tier stats to
 ``BASE/stats-<rank>.json``. ``restore``: the newest step, loaded in place; each rank writes
 ``BASE/restored-<rank>.json`` (step, tier and why, whether the arrays are the saved ones).
-``restore-blind``: the same, but rank 1 reaches the remote through a symlink that it replaces
+``outage``: step 4 with the remote root under the file ``BASE/blocker`` (committed locally
+only); ``resume``: start with that root listable again, and write ``BASE/resumed-<rank>.json``.
+``restore-blind``: the same as ``restore``, but rank 1 reaches the remote through a symlink that it replaces
 by a file once its manager is made: it cannot list the remote, rank 0 can.
 """
 
@@ -34,7 +36,7 @@ async def main(base: Path, mode: str) -> None:
     rank, _ = world()
     local = base / f"node-{rank}"
     local.mkdir(exist_ok=True)
-    remote = base / "remote"
+    remote = base / ("blocker/remote" if mode in ("outage", "resume") else "remote")
     if mode == "restore-blind" and rank == 1:
         remote = base / "remote-of-rank-1"
         remote.symlink_to(base / "remote")
@@ -43,6 +45,16 @@ async def main(base: Path, mode: str) -> None:
         remote.unlink()
         remote.write_text("")
     async with mgr:
+        if mode == "outage":  # BASE/blocker is a file: step 4 commits locally, its drain fails
+            await mgr.maybe_save(4, state_of(rank, 4))
+            await mgr.wait()
+            return
+        if mode == "resume":
+            await mgr.start()
+            await mgr.wait()
+            assert mgr.stats.tiers is not None
+            (base / f"resumed-{rank}.json").write_text(json.dumps(mgr.stats.tiers.resumed))
+            return
         if mode == "save":
             for step in (1, 2, 3):
                 await mgr.maybe_save(step, state_of(rank, step))
