@@ -87,7 +87,6 @@ async def test_a_kill_during_an_s3_drain_restores_locally_and_resumes(
         "chunk_size": CHUNK,
         "num_buffers": 4,
         "backend_options": s3_endpoint.options(),
-        "isolation": "none",
     }
     into = state_of(0)
     async with CheckpointManager(remote, local=local, keep_local=3, **options_) as mgr:

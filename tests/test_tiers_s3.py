@@ -125,7 +125,11 @@ async def test_an_s3_stall_during_a_drain_keeps_the_step_local_and_is_retried(
             await mgr.wait()  # the drain gave up after stall_timeout; the step is committed locally
             tiers = mgr.stats.tiers
             assert tiers is not None and mgr.stats.saved == [1] and front.spoiled
-            assert [s for s, _ in tiers.drain_failures] == [1] and "StallError" in tiers.drain_failures[0][1]
+            # the first cause: the stall watchdog's StallError after stall_timeout, or s3dlio's own
+            # error on the held connection when that comes first (both seen on this machine)
+            assert [s for s, _ in tiers.drain_failures] == [1]
+            cause = tiers.drain_failures[0][1]
+            assert "StallError" in cause or "step-1/rank-0-of-1.safetensors" in cause, cause
             front.left = 0  # the store answers again: step 1 is retried first, after step 2's commit
             await mgr.maybe_save(2, state_of(2))
             await mgr.wait()
