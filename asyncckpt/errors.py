@@ -108,7 +108,12 @@ class StateFormatError(IntegrityError):
 
 
 class SourceChangedError(IntegrityError):
-    """The caller's data changed while it was being saved (its checksums differ from a pre-pass)."""
+    """The caller's data changed while it was being saved (its checksums differ from a pre-pass);
+    ``offset``: the first byte of the first chunk that differs, when known."""
+
+    def __init__(self, message: str, *, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.offset = offset
 
 
 class TruncatedError(IntegrityError):

@@ -29,14 +29,15 @@ from typing import Any
 from . import modes, steps
 from .checkpointer import AsyncCheckpointer
 from .engine.monitor import now
-from .errors import CollectiveError, ConfigError
-from .modes import BestMode, OnPreempt, StagingMode, WhenBusy
+from .errors import CollectiveError, ConfigError, NoSpaceError
+from .modes import BestMode, DrainWhenBusy, OnPreempt, StagingMode, WhenBusy
 from .node.collectives import Collectives, get_collectives
 from .preempt import Preemption, PreemptRecord
 from .retention import Cadence, RetentionPolicy, check_metrics, to_delete
 from .sinks import leftovers
 from .sinks.loops import orphaned
 from .steps import StepCommit
+from .tiers import Tiers, TierStats, check_tiers
 
 log = logging.getLogger("asyncckpt")
 
@@ -64,6 +65,7 @@ class ManagerStats:
     failed: list[tuple[int, str]] = field(default_factory=list)  # saves or deletes that failed
     abandoned: list[int] = field(default_factory=list)  # saves whose event loop ended before they committed
     preempted: PreemptRecord | None = None  # the save a preemption signal (or save_now) made
+    tiers: TierStats | None = None  # a tiered manager's drains, per-tier retention and restore
 
 
 def _positive(name: str, value: object) -> None:
@@ -114,6 +116,11 @@ class CheckpointManager:
         save_on_signal: Any = None,
         preempt_deadline_s: float = 30.0,
         on_preempt: OnPreempt = "raise",
+        local: str | os.PathLike[str] | None = None,
+        keep_local: int = 2,
+        drain_when_busy: DrainWhenBusy = "queue",
+        max_queued_drains: int = 1,
+        drain_bandwidth: float | None = None,
         **options: Any,
     ) -> None:
         if not isinstance(raise_on_failure, bool):
@@ -132,12 +139,15 @@ class CheckpointManager:
             raise ConfigError("pass either checkpointer= or checkpointer options, not both")
         self.ckpt = checkpointer if checkpointer is not None else AsyncCheckpointer(**options)
         self.root = steps.check_root(root, self.ckpt.storage)  # nothing allocated yet: no I/O
+        self.tiers = self._tiers(local, keep_local, drain_when_busy, max_queued_drains, drain_bandwidth)
+        if self.tiers is not None:  # saves commit on the local tier; the root given is the remote
+            self.remote_root, self.root = self.root, self.tiers.local
         self.every_n_steps, self.keep_last = every_n_steps or 1, keep_last
         self.clock = clock
         self._last_start: float | None = None  # the clock when this manager last started a save
         self.max_pending_saves, self.when_busy, self.staging = max_pending_saves, when_busy, staging
         self._own = checkpointer is None
-        self.stats = ManagerStats()
+        self.stats = ManagerStats(tiers=None if self.tiers is None else self.tiers.stats)
         self.raise_on_failure = raise_on_failure
         self._unraised: list[Exception] = []  # background failures wait()/aclose() have not raised
         self._coll: Collectives | None = None
@@ -147,6 +157,25 @@ class CheckpointManager:
         self._reserving: asyncio.Task[int] | None = None  # the staging area, made ahead of a save
         self._started = False
         self.restored: steps.StepLoad | None = None  # what restore() loaded
+
+    def _tiers(
+        self, local: object, keep_local: object, when_busy: object, max_queued: object, bandwidth: object
+    ) -> Tiers | None:
+        """The local tier under this manager (``local=``), validated before any I/O."""
+        if local is None:
+            return None
+        root = check_tiers(self.root, local, keep_local, self.ckpt)
+        _positive("max_queued_drains", max_queued)
+        return Tiers(
+            self.ckpt,
+            local=root,
+            remote=self.root,
+            keep_local=keep_local,  # type: ignore[arg-type]  # checked above
+            retention=self.retention,
+            when_busy=modes.parse("drain_when_busy", when_busy, DrainWhenBusy, fold=False),
+            max_queued=max_queued,  # type: ignore[arg-type]  # checked above
+            bandwidth=bandwidth,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -172,6 +201,8 @@ class CheckpointManager:
             await self._clean_uncommitted()
         await self._coll.barrier()  # no rank writes a step while rank 0 may still be cleaning
         await self.preempt.join(self._coll)
+        if self.tiers is not None:
+            await self.tiers.start(self._coll)
 
     async def wait(self) -> None:
         """Until every pending save has committed (or failed) and old steps are deleted; then
@@ -183,6 +214,8 @@ class CheckpointManager:
         for task in (self._deleting, self._reserving):
             if task is not None and not orphaned(task):
                 await asyncio.wait([task])
+        if self.tiers is not None:
+            await self.tiers.wait()
         failures, self._unraised = self._unraised, []
         if failures and self.raise_on_failure:
             raise failures[0]  # the others are in stats.failed and the log
@@ -211,6 +244,8 @@ class CheckpointManager:
             await self.wait()
         finally:
             self.preempt.close()
+            if self.tiers is not None:
+                await self.tiers.aclose()
             if self._coll is not None:
                 self._coll.close()
             if self._own:
@@ -237,6 +272,10 @@ class CheckpointManager:
         await self.start()
         if into is not None:  # the state this run will save: its staging area, made meanwhile
             self._reserve(into)
+        if self.tiers is not None:
+            assert self._coll is not None
+            self.restored = await self.tiers.restore(into, as_torch=as_torch, coll=self._coll)
+            return None if self.restored is None else self.restored.step
         latest = await steps.latest_step(self.ckpt, self.root)
         if latest is None:
             return None
@@ -332,6 +371,8 @@ class CheckpointManager:
         self, step: int, state: Mapping[Any, Any], facts: dict[str, Any], staging: StagingMode
     ) -> asyncio.Task[StepCommit]:
         assert self._coll is not None
+        if self.tiers is not None:
+            await self.tiers.before_save(step)
         previous = self._pending[-1] if self._pending else None
         self._last_start = self.clock()
         try:
@@ -348,6 +389,7 @@ class CheckpointManager:
         except Exception as exc:  # raised to the caller here: recorded, not raised again by wait()
             self.stats.failed.append((step, f"save: {exc}"))
             await self._clean_failed(step, exc)
+            await self._make_room(step, exc)
             raise
 
     def _track(self, step: int, task: asyncio.Task[None], *, late: bool = False) -> None:
@@ -383,14 +425,32 @@ class CheckpointManager:
                 self._unraised.append(exc)
             log.error("checkpoint of step %d failed: %s", step, exc)
             await self._clean_failed(step, exc)
+            await self._make_room(step, exc)
             if reraise:
                 raise
             return
         self.stats.saved.append(step)
         assert self._coll is not None
+        if self.tiers is not None:  # the drain; retention per tier follows each commit
+            try:
+                await self.tiers.committed(await commit)
+            except Exception as exc:
+                self.stats.failed.append((step, f"tiers: {exc}"))
+                self._unraised.append(exc)
+                log.error("step %d committed locally; starting its drain failed: %s", step, exc)
+            return
         if self.retention.active and self._coll.is_coordinator:
             previous = self._deleting
             self._deleting = asyncio.create_task(self._prune(step, previous))
+
+    async def _make_room(self, step: int, cause: Exception) -> None:
+        """A full local tier: un-drained steps beyond ``keep_local`` give way (tiers say so)."""
+        if self.tiers is None or not isinstance(cause, NoSpaceError):
+            return
+        try:
+            await self.tiers.make_room(step, cause)
+        except Exception as exc:
+            log.warning("could not make room on the local tier after step %d: %s", step, exc)
 
     async def _prune(self, just_committed: int, previous: asyncio.Task[None] | None) -> None:
         if previous is not None:

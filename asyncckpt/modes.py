@@ -36,6 +36,9 @@ WhenBusy = Literal["wait", "skip"]
 #: the process (SystemExit 128 + signal number, after closing the manager), or return and let
 #: the loop read ``mgr.preempted``
 OnPreempt = Literal["raise", "exit", "continue"]
+#: what a tiered CheckpointManager does when a step's drain to the remote tier is still running
+#: as the next save starts: wait for it, skip the new step's drain, or queue a bounded number
+DrainWhenBusy = Literal["wait", "skip", "queue"]
 #: CheckpointManager best_n: keep the lowest ("min") or highest ("max") values of the metric
 BestMode = Literal["min", "max"]
 #: what a save computes so a load can check it (``CheckpointConfig.integrity``, bench

@@ -172,12 +172,25 @@ async def _delete(ckpt: StepHost, uri: str) -> None:
         await sink.aclose()
 
 
-async def _make_dir(ckpt: StepHost, uri: str) -> None:
-    sink = await ckpt.storage.handle(uri)  # object stores have no directories: a no-op there
+async def make_directory(ckpt: StepHost, uri: str) -> None:
+    """The directory ``uri`` (files); object stores have no directories: a no-op there."""
+    sink = await ckpt.storage.handle(uri)
     try:
         await sink.make_directory()
     finally:
         await sink.aclose()
+
+
+async def exists(ckpt: StepHost, uri: str) -> bool:
+    """Whether a published object is at ``uri``."""
+    sink = await ckpt.storage.handle(uri)
+    try:
+        await sink.size()
+    except TargetNotFoundError:
+        return False
+    finally:
+        await sink.aclose()
+    return True
 
 
 # -- the public operations -----------------------------------------------------------------
@@ -232,7 +245,7 @@ async def start_step(
     ``metadata`` (JSON-safe) goes into the commit record as it is.
     """
     base = step_uri(check_root(root, ckpt.storage), check_step(step))
-    await _make_dir(ckpt, base)
+    await make_directory(ckpt, base)
     if coll.is_coordinator:
         owner = {"host": host(), "boot": boot_id(), "pid": os.getpid(), "started_at": time.time()}
         await put_record(ckpt, f"{base}/{OWNER}", owner)

@@ -29,6 +29,7 @@ repeats are reported.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -45,6 +46,7 @@ from typing import Any
 from _common import bootstrap_ci, emit, median
 
 from asyncckpt import parse_size
+from asyncckpt.servers.embedded import start_for_bench
 
 METHODS = (
     "no_checkpoint",  # the control: the same loop, nothing saved (the training's own RSS drift)
@@ -59,6 +61,7 @@ METHODS = (
     "asyncckpt_dcp_process",
     "save_state_none",
     "save_state_host",
+    "save_state_tiered",  # a tiered CheckpointManager: local commit, then a drain to --tiered-server
 )
 WIDTH = 2048
 BATCH = 32
@@ -108,7 +111,7 @@ def state_bytes(state: Any) -> int:
 class Method:
     """start(state, path) -> a future when the write goes on in the background, else None."""
 
-    def __init__(self, name: str, chunk: int, buffers: int) -> None:
+    def __init__(self, name: str, chunk: int, buffers: int, remote: str = "") -> None:
         self.name, self.chunk, self.buffers = name, chunk, buffers
         self.thread: Any = None
         self.writer: Any = None
@@ -119,11 +122,18 @@ class Method:
             single_rank_group()
             # shared memory, staged in the background (the call returns before the copy ends)
             self.stager = DefaultStager(StagingOptions(False, True, True, False))
+        self.mgr: Any = None  # save_state_tiered: its CheckpointManager, made in the loop thread
+        self.remote = remote
         if name.startswith("save_state"):
             from asyncckpt.config import CheckpointConfig
             from asyncckpt.integrations.loop_thread import CheckpointerThread
 
-            self.thread = CheckpointerThread(CheckpointConfig(chunk_size=chunk, num_buffers=buffers), "bench")
+            # tiered: moto, a Python server, answers slowly beside a training loop on every core of
+            # a 2-core VM (a part went unacknowledged for 20 s, the default stall_timeout, in two
+            # runs): this measures the slowdown, not the stall detection
+            stall = {"stall_timeout": 300.0} if name == "save_state_tiered" else {}
+            config = CheckpointConfig(chunk_size=chunk, num_buffers=buffers, **stall)
+            self.thread = CheckpointerThread(config, "bench")
         elif name.startswith("asyncckpt_dcp"):
             from asyncckpt.integrations.dcp import AsyncCkptStorageWriter
 
@@ -166,6 +176,8 @@ class Method:
                 dcp.save(state, storage_writer=self.writer, checkpoint_id=path)
                 return None
             return dcp.async_save(state, storage_writer=self.writer, checkpoint_id=path)  # type: ignore[return-value]
+        if self.name == "save_state_tiered":
+            return self.start_tiered(state, path)
         staging = "host" if self.name == "save_state_host" else "none"
 
         async def save(ckpt: Any) -> Any:
@@ -181,10 +193,36 @@ class Method:
         fut: Future[Any] = self.thread.submit(durable)
         return fut
 
+    def start_tiered(self, state: dict[str, Any], path: Path) -> Future[Any]:
+        """maybe_save returns once the state is copied; the future: the step remote-committed
+        (its local commit, then its drain to ``self.remote``)."""
+        from asyncckpt import CheckpointManager
+
+        step = int(path.name.split("-")[1])
+
+        async def save(ckpt: Any) -> None:
+            if self.mgr is None:
+                local = path.parent / "local"
+                local.mkdir(exist_ok=True)
+                self.mgr = CheckpointManager(self.remote, local=local, checkpointer=ckpt, keep_last=2)
+            await self.mgr.maybe_save(step, state)
+
+        self.thread.run(save)
+
+        async def durable(_: Any) -> Any:
+            await self.mgr.wait()
+            stats = self.mgr.stats.tiers
+            if stats.steps[step].state != "remote-committed":
+                raise RuntimeError(f"step {step} was not remote-committed: {stats.steps[step]}")
+            return stats.steps[step]
+
+        fut: Future[Any] = self.thread.submit(durable)
+        return fut
+
     def reserve(self, state: dict[str, Any]) -> float:
         """save_state_host: the staging area made before the first checkpoint, as
         CheckpointManager does (the training waits for it here: its seconds)."""
-        if self.name != "save_state_host":
+        if self.name not in ("save_state_host", "save_state_tiered"):
             return 0.0
         t0 = time.perf_counter()
 
@@ -208,6 +246,13 @@ class Method:
 
             with AsyncCkptStorageReader(path, chunk_size=self.chunk, num_buffers=self.buffers) as reader:
                 dcp.load(state, storage_reader=reader)
+        elif self.mgr is not None:  # the tiered manager's restore: the newest step, nearest tier
+
+            async def restore(_: Any) -> Any:
+                await self.mgr.restore(into=state)
+                return state
+
+            state = self.thread.run(restore)
         else:
 
             async def load(ckpt: Any) -> Any:
@@ -218,6 +263,16 @@ class Method:
         opt.load_state_dict(state["optim"])
 
     def close(self) -> None:
+        if self.mgr is not None:  # its remote steps go too (the local ones go with the run's dir)
+
+            async def remove(ckpt: Any) -> None:
+                from asyncckpt.steps import delete_step, steps_under
+
+                await self.mgr.aclose()
+                for step in await steps_under(ckpt, self.remote):
+                    await delete_step(ckpt, self.remote, step)
+
+            self.thread.run(remove)
         for owner in (self.thread, self.writer, self.stager):
             if owner is not None:
                 owner.close()
@@ -277,8 +332,13 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
     model, opt = build(args.state_size, seed=1)
     probe_input = torch.randn(4, WIDTH)
     batches = [torch.randn(BATCH, WIDTH) for _ in range(4)]
-    method = Method(name, args.chunk_size, args.num_buffers)
     root = Path(tempfile.mkdtemp(prefix=f"bench-training-{name}-", dir=args.dir))
+    if args.tiered_remote:  # an S3 prefix of the parent's server: this run's own part of it
+        remote = f"{args.tiered_remote}/{root.name}"
+    else:  # a directory beside the local tier
+        (root / "remote").mkdir()
+        remote = str(root / "remote")
+    method = Method(name, args.chunk_size, args.num_buffers, remote)
     steps: list[tuple[float, bool]] = []  # (seconds, a background write was in flight)
     blocked: list[float] = []
     write_s: list[float] = []
@@ -511,6 +571,18 @@ def summarize(rows: list[dict[str, Any]], memcpy_s: float, memcpy_best_s: float)
     return out
 
 
+def run_all(args: argparse.Namespace, names: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    rows: list[dict[str, Any]] = []
+    memcpy: list[dict[str, Any]] = []
+    for rep in range(args.repeats):
+        order = names[rep % len(names) :] + names[: rep % len(names)]  # alternate who goes first
+        memcpy.append(child(args, "memcpy"))
+        for name in order:
+            rows.append({**child(args, name), "repeat": rep})
+            print(f"rep {rep} {name}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+    return rows, memcpy
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--state-size", type=parse_size, default=parse_size("256MiB"), help="model + Adam state")
@@ -540,6 +612,14 @@ def main() -> None:
         help="torch threads for training (0: torch's default, every core); fewer leave cores "
         "to the checkpoint writer, as a node that reserves cores for I/O does",
     )
+    p.add_argument(
+        "--tiered-server",
+        choices=("moto", "swift", "files"),
+        default="moto",
+        help="save_state_tiered: the remote tier, an embedded S3 server on the loopback (moto) or a "
+        "directory beside the local tier (files)",
+    )
+    p.add_argument("--tiered-remote", help=argparse.SUPPRESS)  # set by the parent for its children
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     warnings.filterwarnings("ignore")
@@ -551,14 +631,11 @@ def main() -> None:
     unknown = set(names) - set(METHODS)
     if unknown:
         raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
-    rows: list[dict[str, Any]] = []
-    memcpy: list[dict[str, Any]] = []
-    for rep in range(args.repeats):
-        order = names[rep % len(names) :] + names[: rep % len(names)]  # alternate who goes first
-        memcpy.append(child(args, "memcpy"))
-        for name in order:
-            rows.append({**child(args, name), "repeat": rep})
-            print(f"rep {rep} {name}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+    with contextlib.ExitStack() as stack:
+        if "save_state_tiered" in names and args.tiered_server != "files":  # the children inherit its AWS_*
+            uri = start_for_bench(stack, args.tiered_server)
+            sys.argv += ["--tiered-remote", uri.rsplit("/", 1)[0] + "/bench-training"]
+        rows, memcpy = run_all(args, names)
     memcpy_s = median([m["memcpy_s"] for m in memcpy])
     memcpy_best_s = median([m["memcpy_best_s"] for m in memcpy])
     summary = summarize(rows, memcpy_s, memcpy_best_s)

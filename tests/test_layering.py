@@ -50,6 +50,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("state",),
     ("steps", "retention", "preempt"),
     ("checkpointer",),
+    ("drain",),
+    ("tiers",),
     ("manager",),
     ("integrations",),
     ("servers",),

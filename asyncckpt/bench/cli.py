@@ -38,11 +38,12 @@ from .outputs import add_output_arguments, check_outputs, needs_records, write_o
 from .parsing import Parser
 from .plan_args import plan_from_args, run_with_loop
 from .report import format_backend_comparison
-from .resultfiles import stamp
+from .resultfiles import stamp, write_json
 from .runner import BenchPlan, BenchReport, run_plan
 from .scaleout import add_scaleout_arguments, parse_with_presets
 from .signals import sigterm_as_sigint
 from .subcommands import run_subcommand
+from .tiered import TieredPlan, run_tiered
 
 DEFAULT_SIZE = "1GiB"
 
@@ -175,8 +176,51 @@ def build_parser() -> argparse.ArgumentParser:
         help="start a local Azure Blob (Azurite) or GCS (fake-gcs-server) emulator for this run "
         "(default target az:// or gs://asyncckpt-bench/checkpoint.bin)",
     )
+    p.add_argument(
+        "--local",
+        default=None,
+        metavar="DIR",
+        help="tiered: commit each step in this local directory, then drain it to TARGET (a directory "
+        "or s3://bucket/prefix); reports time to local durable, time to remote durable and drain GB/s",
+    )
     add_scaleout_arguments(p)
     return p
+
+
+def tiered_plan(args: argparse.Namespace, plan: BenchPlan) -> TieredPlan:
+    """``--local DIR``: the options a tiered run takes, checked before any I/O."""
+    if plan.target is None:
+        raise ConfigError("--local needs a TARGET: the remote root (a directory or s3://bucket/prefix)")
+    refused = [
+        name
+        for name, given in (
+            ("--mode load", plan.mode == "load"),
+            ("--method", args.method != "streaming"),
+            ("--compare-backends", args.compare_backends),
+            ("--csv/--plots/--report", args.csv or args.plots or args.report),
+            ("--records", getattr(args, "records", False)),
+        )
+        if given
+    ]
+    if refused:
+        raise ConfigError(f"--local (a tiered run) does not take {', '.join(refused)}")
+    local = local_path(args.local)
+    if local is None or not local.is_dir():
+        raise ConfigError(f"--local {args.local!r} must be an existing local directory")
+    if plan.config.integrity != "crc32c":
+        raise ConfigError("--local drains verified against CRC32Cs: --integrity must be crc32c")
+    return TieredPlan(plan.target, args.local, plan.size, plan.config, steps=plan.repeat, keep=plan.keep)
+
+
+def run_tiered_cli(args: argparse.Namespace, plan: BenchPlan, argv: Sequence[str] | None) -> int:
+    tiered = tiered_plan(args, plan)
+    check_local_target(plan)
+    report = run_with_loop(args.loop, lambda: run_tiered(tiered))
+    print(report.text)
+    if args.json is not None:
+        write_json(args.json, stamp(report.to_json(), argv))
+        print(f"[asyncckpt] results: {args.json}", file=sys.stderr)
+    return 0
 
 
 def check_local_target(plan: BenchPlan) -> None:
@@ -293,6 +337,8 @@ def _main(argv: Sequence[str] | None) -> int:
                 if plan.mode == "load":
                     raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
                 plan = plan.with_target(str(Path(tmp) / "checkpoint.bin"))
+            if args.local is not None:
+                return run_tiered_cli(args, plan, argv)
             check_local_target(plan)
             if args.compare_backends:
                 report = compare_backends(plan, args.loop)

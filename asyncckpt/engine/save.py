@@ -268,5 +268,6 @@ def check_pipeline(records: Sequence[ChunkRecord], expected: Sequence[int], uri:
                 f"save of {uri!r}: bytes {rec.offset}..{rec.offset + rec.nbytes - 1} changed while being "
                 "saved (CRC32C differs from the pre-pass): with staging='none' the arrays must not be "
                 "modified until save_state returns; use staging='host' to keep training meanwhile. "
-                "Nothing was published."
+                "Nothing was published.",
+                offset=rec.offset,
             )

@@ -1,0 +1,143 @@
+"""One rank's object copied from the local tier to the remote one: the drain of a tiered step.
+
+The local object is a ``save_state`` object: its safetensors header carries the CRC32C of each
+chunk. The drain reads it (O_DIRECT where the file sink reads so, into page-aligned memory) and
+streams the bytes through the ordinary save (:meth:`AsyncCheckpointer.save` with
+``expect_crc32c``: the pool, bounded writes in flight, multipart, the CPU lane), so the remote
+object is byte for byte the local one and verifies with the same checksums. Nothing is hashed
+twice: the pipeline's own CRC32C of each chunk, taken beside its write, is compared with the
+header's before the remote object is published; a corrupt local byte fails the drain with its
+offset (:class:`ChecksumMismatchError`) and nothing is published remotely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import mmap
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .engine.header import state_manifest
+from .engine.monitor import now
+from .errors import ChecksumMismatchError, ConfigError, IntegrityError, SourceChangedError
+from .pool import private_mapping
+from .results.records import SaveResult
+from .sinks.base import Sink
+from .sinks.router import StorageRouter
+
+
+class DrainHost(Protocol):
+    """What a drain needs of a checkpointer (:class:`asyncckpt.AsyncCheckpointer` is one)."""
+
+    storage: StorageRouter
+
+    @property
+    def config(self) -> Any: ...
+
+    async def save(
+        self,
+        uri: str,
+        size: int | None = None,
+        *,
+        data: Any = None,
+        method: Any = "streaming",
+        progress: Any = None,
+        expect_crc32c: Any = None,
+    ) -> SaveResult: ...
+
+
+@dataclass(frozen=True)
+class Drained:
+    """What one drain did: bytes copied, its wall time, the remote object's identity."""
+
+    size: int
+    seconds: float
+    identity: Any
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.size / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+def check_bandwidth(value: object) -> float | None:
+    """``drain_bandwidth`` in bytes per second (None: uncapped); ConfigError naming it."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"drain_bandwidth must be a positive number of bytes per second, got {value!r}")
+    return float(value)
+
+
+async def _reads(sink: Sink, size: int, chunk: int, cap: float | None) -> AsyncIterator[memoryview]:
+    """The local object in ``chunk``-byte pieces, read into one page-aligned buffer (the save's
+    source copies each piece out before asking for the next), paced to ``cap`` bytes/s."""
+    buf = private_mapping(chunk)
+    view = memoryview(buf)
+    t0, done = now(), 0
+    try:
+        while done < size:
+            want = min(chunk, size - done)
+            got = 0
+            while got < want:
+                n = await sink.read_into(done + got, view[got:want])
+                if n <= 0:
+                    raise IntegrityError(
+                        f"{sink.uri!r} ended at offset {done + got} of {size} during its drain"
+                    )
+                got += n
+            done += want
+            yield view[:want]
+            if cap is not None:  # rate limiting, not synchronisation: ahead of the cap, pause
+                ahead = done / cap - (now() - t0)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+    finally:
+        view.release()
+        _close(buf)
+
+
+def _close(buf: mmap.mmap) -> None:
+    with contextlib.suppress(BufferError):  # a view still exported: freed with it
+        buf.close()
+
+
+async def drain_object(
+    host: DrainHost, local_uri: str, remote_uri: str, *, bandwidth: float | None = None
+) -> Drained:
+    """Copy the state object at ``local_uri`` to ``remote_uri``, checked against its own
+    checksums on the way; published remotely only if every byte matched."""
+    sink = await host.storage.handle(local_uri)
+    try:
+        await sink.open_read(defeat_cache=True)
+        size = await sink.size()
+        manifest = await state_manifest(sink, size, local_uri)
+        if manifest is None or not manifest.chunk_crc32c:
+            raise IntegrityError(f"{local_uri!r} carries no chunk checksums: it cannot be drained verified")
+        chunk = host.config.chunk_size
+        if manifest.chunk_size != chunk:
+            raise ConfigError(
+                f"{local_uri!r} was saved in {manifest.chunk_size}-byte chunks, this checkpointer uses "
+                f"chunk_size={chunk}: drain it with the checkpointer that saved it"
+            )
+        t0 = now()
+        try:
+            saved = await host.save(
+                remote_uri,
+                size,
+                data=_reads(sink, size, chunk, bandwidth),
+                expect_crc32c=list(manifest.chunk_crc32c),
+            )
+        except SourceChangedError as exc:
+            offset = exc.offset if exc.offset is not None else -1
+            raise ChecksumMismatchError(
+                f"local copy {local_uri!r} is corrupt at offset {offset} (its CRC32C differs from "
+                f"the one its header recorded): drain to {remote_uri!r} stopped, nothing published there",
+                chunk=max(offset, 0) // chunk,
+                offset=offset,
+            ) from None
+        facts = saved.metadata.extra
+        return Drained(size, now() - t0, facts.get("etag") or facts.get("identity"))
+    finally:
+        await sink.aclose()

@@ -1,0 +1,537 @@
+"""Tiered checkpoints: steps commit on a fast local tier, then drain to the remote root.
+
+A tiered :class:`~asyncckpt.CheckpointManager` saves each step under its local root with the
+usual protocol (every rank's object durable, then ``COMMITTED.json``), then each rank copies
+its own object to the remote root in the background (:mod:`asyncckpt.drain`), one drain at a
+time per rank. The remote ``COMMITTED.json`` is written by rank 0 only once every rank's remote
+object is complete: each rank publishes ``rank-<r>-of-<w>.drained.json`` after its object, and
+rank 0 waits for all of them by reading the remote step (no collective: the save commits use
+the collectives in step order on every rank, and a drain, which finishes at its own time on
+each rank, would have to join that order and hold later saves' commits behind it). A step is
+"remote-committed" only then.
+
+Restore picks the newest step committed on either tier (a local-only step counts only when
+every rank has its object locally), loads the local copy when this rank has it, and falls
+back to the remote one, with a warning naming the offset, when the local copy fails
+verification. Retention: ``keep_local`` newest local steps, but a step that is not
+remote-committed is never deleted locally (:attr:`TierStats.kept_local` says why); the
+manager's policies (``keep_last``, ...) apply to the remote root after each remote commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from . import steps
+from .checkpointer import AsyncCheckpointer
+from .drain import Drained, DrainHost, check_bandwidth, drain_object
+from .engine.monitor import now
+from .errors import AsyncCkptError, ConfigError, IntegrityError, TargetNotFoundError
+from .modes import DrainWhenBusy
+from .node.collectives import Collectives
+from .node.launcher import local_rank
+from .owner import Owner, boot_id, host
+from .retention import RetentionPolicy, to_delete
+from .sinks import leftovers
+from .steps import StepCommit, StepHost, StepLoad
+
+log = logging.getLogger("asyncckpt")
+
+#: how long rank 0 waits for every rank's remote object of a step before it gives up (the step
+#: stays local-only and its drain is tried again at the next start)
+REMOTE_COMMIT_TIMEOUT = 600.0
+_POLL_FIRST, _POLL_MAX = 0.02, 1.0
+
+
+class TierHost(StepHost, DrainHost, Protocol):
+    """What tiers need of a checkpointer: steps' and drains' needs."""
+
+
+@dataclass
+class StepTiers:
+    """One step's way through the tiers (JSON-safe: it goes into the remote commit record)."""
+
+    step: int
+    local_commit_s: float | None = None  # from the start of its save to its local commit
+    remote_commit_s: float | None = None  # from the start of its save to its remote commit (rank 0)
+    bytes_drained: int = 0  # this rank's object
+    drain_s: float = 0.0
+    drain_gb_per_s: float = 0.0
+    started_at: float | None = None  # wall clock at the start of its save (this run's saves only)
+    state: str = "saving"  # saving, local, draining, drained, remote-committed, skipped, failed
+    error: str | None = None
+
+
+@dataclass
+class TierStats:
+    """What the tiers did per step, and what they did not do and why."""
+
+    steps: dict[int, StepTiers] = field(default_factory=dict)
+    drains_skipped: list[int] = field(default_factory=list)  # when_busy="skip"
+    drains_waited: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds)
+    drains_queued: list[int] = field(default_factory=list)  # drained after an earlier one
+    drain_failures: list[tuple[int, str]] = field(default_factory=list)  # each step once, first cause
+    resumed: list[int] = field(default_factory=list)  # committed local steps drained after a restart
+    collected: list[str] = field(default_factory=list)  # dead drains' pending uploads removed
+    remote_committed: list[int] = field(default_factory=list)
+    local_deleted: list[int] = field(default_factory=list)
+    remote_deleted: list[int] = field(default_factory=list)
+    kept_local: list[tuple[int, str]] = field(default_factory=list)  # beyond keep_local, and why
+    #: local steps deleted before their remote commit because the local disk was full
+    dropped_local: list[tuple[int, str]] = field(default_factory=list)
+    restored_from: tuple[str, str] | None = None  # (tier, why)
+
+    def of(self, step: int) -> StepTiers:
+        return self.steps.setdefault(step, StepTiers(step))
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-safe, for result files."""
+        out = asdict(self)
+        out["steps"] = [asdict(s) for _, s in sorted(self.steps.items())]
+        return out
+
+
+def check_tiers(remote: str, local: object, keep_local: object, host: StepHost) -> str:
+    """The local root as a URI; ConfigError naming the bad value, before any I/O."""
+    if isinstance(keep_local, bool) or not isinstance(keep_local, int) or keep_local < 1:
+        raise ConfigError(f"keep_local must be a positive integer, got {keep_local!r}")
+    root = steps.check_root(local, host.storage)
+    if not host.storage.backend_of(root).has_directories:
+        raise ConfigError(
+            f"local={root!r} must be a local directory path (the fast tier), not a remote store"
+        )
+    if host.storage.backend_of(remote).has_directories and _same_dir(root, remote):
+        raise ConfigError(
+            f"local={root!r} and the remote root {remote!r} overlap "
+            "(the same directory, or one inside the other)"
+        )
+    return root
+
+
+def _same_dir(a: str, b: str) -> bool:
+    strip = "file://"
+    pa, pb = (os.path.realpath(x.removeprefix(strip)) for x in (a, b))
+    return pa == pb or pa.startswith(pb + os.sep) or pb.startswith(pa + os.sep)
+
+
+def _marker(name: str) -> str:
+    return name.removesuffix(".safetensors") + ".drained.json"
+
+
+def _draining(name: str) -> str:
+    """Who is draining the object (host, boot, pid): the owner rule's record for its upload."""
+    return name.removesuffix(".safetensors") + ".draining.json"
+
+
+class Tiers:
+    """The drains of one manager, and restore and retention across the two tiers."""
+
+    def __init__(
+        self,
+        host: TierHost,
+        *,
+        local: str,
+        remote: str,
+        keep_local: int,
+        retention: RetentionPolicy,
+        when_busy: DrainWhenBusy,
+        max_queued: int,
+        bandwidth: object,
+        remote_commit_timeout: float = REMOTE_COMMIT_TIMEOUT,
+    ) -> None:
+        self.host, self.local, self.remote = host, local, remote
+        self.keep_local, self.retention = keep_local, retention
+        self.when_busy, self.max_queued = when_busy, max_queued
+        self.bandwidth = check_bandwidth(bandwidth)
+        self.remote_commit_timeout = remote_commit_timeout
+        self.stats = TierStats()
+        self._coll: Collectives | None = None
+        self._last: asyncio.Task[None] | None = None  # the newest drain: each waits for the one before
+        self._running: set[asyncio.Task[None]] = set()
+        self._committing: set[asyncio.Task[None]] = set()  # rank 0's remote commits
+        self._started: dict[int, tuple[float, float]] = {}  # step -> (monotonic, wall) at its save's start
+        self._skip_next = False
+        self._logged: set[int] = set()
+        self._began: dict[int, asyncio.Event] = {}
+        self._local_done: dict[int, asyncio.Event] = {}
+        #: the drains' own checkpointer (same config): a save holds its runtime's lock for the whole
+        #: write, so a drain through the manager's would hold the next local save behind it
+        self._drainer: AsyncCheckpointer | None = None
+
+    # -- the manager's hooks ----------------------------------------------------------------
+    async def start(self, coll: Collectives) -> None:
+        """Drains of committed local steps that a previous run left unfinished start again."""
+        self._coll = coll
+        if coll.world_size > 1 and self.when_busy == "skip":
+            raise ConfigError(
+                f"drain_when_busy='skip' needs one rank; this job has {coll.world_size}: "
+                "use 'wait' or 'queue'"
+            )
+        failure: Exception | None = None
+        try:
+            remote = await self._remote_committed()
+        except Exception as exc:  # training starts anyway: the drains are tried at the next commit
+            remote, failure = set(), exc
+        local = await self._local_committed()
+        # agreed by every rank: a step only some ranks still hold locally (a node was lost) can
+        # never be remote-committed, and rank 0 would wait for the others' objects in vain
+        views = await coll.all_gather_object((local, sorted(remote), failure is None))
+        if failure is not None or not all(v[2] for v in views):
+            for step in local:
+                self._failed(step, failure or AsyncCkptError("a rank could not list the remote root"))
+            return
+        everywhere = set.intersection(*(set(v[0]) for v in views))
+        agreed = set.intersection(*(set(v[1]) for v in views))
+        for step in sorted(everywhere):
+            if step not in agreed and (not agreed or step > max(agreed)):
+                self.stats.resumed.append(step)
+                self._drain(step, None)
+
+    async def _remote_has(self, step: int) -> bool:
+        """Whether ``step`` is remote-committed; False while the remote cannot be read (an
+        outage must not stop the local tier's work)."""
+        try:
+            return await steps.read_commit(self.host, self.remote, step) is not None
+        except Exception as exc:
+            log.debug("remote commit of step %d unknown: %s", step, exc)
+            return False
+
+    async def _remote_committed(self) -> set[int]:
+        return {r.step for r in await steps.committed_steps(self.host, self.remote)}
+
+    async def before_save(self, step: int) -> None:
+        """A save of ``step`` starts: ``when_busy`` decides about drains still running."""
+        self._started[step] = (now(), time.time())
+        busy = [t for t in self._running if not t.done()]
+        if not busy:
+            return
+        if self.when_busy == "skip":
+            self._skip_next = True
+            return
+        limit = 0 if self.when_busy == "wait" else self.max_queued
+        t0, waited = now(), False
+        while len(busy) > limit:
+            waited = True
+            await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
+            busy = [t for t in busy if not t.done()]
+        if waited:
+            self.stats.drains_waited.append((step, now() - t0))
+        if busy:
+            self.stats.drains_queued.append(step)
+
+    async def committed(self, record: StepCommit) -> None:
+        """``record``'s step committed locally: record it, drain it (unless skipped), prune."""
+        step = record.step
+        mine = self.stats.of(step)
+        started = self._started.pop(step, None)
+        mine.local_commit_s = None if started is None else now() - started[0]
+        mine.started_at = None if started is None else started[1]
+        mine.state = "local"
+        await self._local_record(record)
+        self._local_done.setdefault(step, asyncio.Event()).set()
+        for failed in sorted({s for s, _ in self.stats.drain_failures}):
+            if self.stats.of(failed).state == "failed" and failed < step:
+                self._drain(failed, None)  # the remote may be back: try again, in step order
+        if self._skip_next:
+            self._skip_next = False
+            self.stats.drains_skipped.append(step)
+            mine.state = "skipped"
+        else:
+            self._drain(step, record)
+        await self._prune_local()
+
+    async def drain_began(self, step: int) -> None:
+        """Until this rank's drain of ``step`` has started (a hook for callers and tests that
+        act while a drain runs)."""
+        await self._began.setdefault(step, asyncio.Event()).wait()
+
+    async def local_committed(self, step: int) -> None:
+        """Until ``step`` is committed on the local tier (a hook, like :meth:`drain_began`)."""
+        await self._local_done.setdefault(step, asyncio.Event()).wait()
+
+    async def wait(self) -> None:
+        """Until every drain and remote commit started so far has ended."""
+        while pending := [t for t in self._running | self._committing if not t.done()]:
+            await asyncio.wait(pending)
+
+    async def aclose(self) -> None:
+        """Close the drains' checkpointer (after :meth:`wait`)."""
+        drainer, self._drainer = self._drainer, None
+        if drainer is not None:
+            await drainer.aclose()
+
+    # -- draining -----------------------------------------------------------------------
+    def _drain(self, step: int, record: StepCommit | None) -> None:
+        previous = self._last
+        task = asyncio.create_task(self._drain_after(step, record, previous), name=f"asyncckpt-drain {step}")
+        self._last = task
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _drain_after(
+        self, step: int, record: StepCommit | None, previous: asyncio.Task[None] | None
+    ) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        coll = self._coll
+        assert coll is not None
+        mine = self.stats.of(step)
+        mine.state, mine.error = "draining", None
+        self._began.setdefault(step, asyncio.Event()).set()
+        name = steps.rank_object(coll.rank, coll.world_size)
+        base = steps.step_uri(self.remote, step)
+        try:
+            done = await self._drain_mine(step, name, base)
+        except Exception as exc:
+            self._failed(step, exc)
+            return
+        if done is not None:
+            mine.bytes_drained, mine.drain_s, mine.drain_gb_per_s = done.size, done.seconds, done.gb_per_s
+        mine.state = "drained"
+        if coll.is_coordinator:
+            task = asyncio.create_task(
+                self._remote_commit(step, record), name=f"asyncckpt-remote-commit {step}"
+            )
+            self._committing.add(task)
+            task.add_done_callback(self._committing.discard)
+
+    async def _drain_mine(self, step: int, name: str, base: str) -> Drained | None:
+        """This rank's object of ``step`` to the remote root, then its marker; None when a
+        previous run had already drained it (its marker is there)."""
+        if await steps.get_record(self.host, f"{base}/{_marker(name)}") is not None:
+            return None
+        await steps.make_directory(self.host, base)
+        await self._collect_dead_drain(base, name)
+        me = {"host": host(), "boot": boot_id(), "pid": os.getpid(), "started_at": time.time()}
+        await steps.put_record(self.host, f"{base}/{_draining(name)}", me)
+        local = f"{steps.step_uri(self.local, step)}/{name}"
+        if self._drainer is None:
+            self._drainer = AsyncCheckpointer(self.host.config)
+        done = await drain_object(self._drainer, local, f"{base}/{name}", bandwidth=self.bandwidth)
+        facts = {"object": name, "size": done.size, "identity": done.identity, "drain_s": done.seconds}
+        await steps.put_record(self.host, f"{base}/{_marker(name)}", facts)
+        return done
+
+    async def _collect_dead_drain(self, base: str, name: str) -> None:
+        """A previous drain of this object whose recorded process provably died (this host and
+        boot, pid gone) may have left a pending multipart upload: removed, by the owner rule. A
+        file remote's dead temporaries are removed by the next save into its directory."""
+        target = f"{base}/{name}"
+        if self.host.storage.backend_of(target).has_directories:
+            return
+        record = await steps.get_record(self.host, f"{base}/{_draining(name)}")
+        if record is None:
+            return
+        try:
+            owner = Owner(name, str(record["host"]), str(record["boot"]), int(record["pid"]))
+        except (KeyError, TypeError, ValueError):
+            return
+        if not owner.provably_dead():
+            return
+        options = dict(self.host.config.backend_options)
+        mine = [x for x in await leftovers.find(target, 0.0, options) if x.where == target]
+        for gone in await leftovers.remove(mine, target, options):
+            self.stats.collected.append(f"{gone.where} (upload {gone.upload_id})")
+            log.info("removed the pending upload %s of a dead drain of %s", gone.upload_id, target)
+
+    def _failed(self, step: int, exc: Exception) -> None:
+        mine = self.stats.of(step)
+        mine.state, mine.error = "failed", f"{type(exc).__name__}: {exc}"
+        if step in self._logged:  # reported once per step, with its first cause
+            log.debug("drain of step %d failed again: %s", step, exc)
+            return
+        self._logged.add(step)
+        self.stats.drain_failures.append((step, mine.error))
+        log.error(
+            "drain of step %d to %s failed (the step stays local-only; retried later): %s",
+            step,
+            self.remote,
+            exc,
+        )
+
+    async def _remote_commit(self, step: int, record: StepCommit | None) -> None:
+        """Rank 0: once every rank's marker is there, the remote commit record; then retention."""
+        try:
+            await self._commit_when_complete(step, record)
+        except Exception as exc:
+            self._failed(step, exc)
+            return
+        await self._prune_remote(step)
+
+    async def _commit_when_complete(self, step: int, record: StepCommit | None) -> None:
+        coll = self._coll
+        assert coll is not None
+        base = steps.step_uri(self.remote, step)
+        names = [steps.rank_object(r, coll.world_size) for r in range(coll.world_size)]
+        found = await self._markers(base, names)
+        if record is None:
+            record = await steps.read_commit(self.host, self.local, step)
+        metadata = dict(record.metadata or {}) if record is not None else {}
+        mine = self.stats.of(step)
+        metadata["tiers"] = {
+            "local_committed_at": record.committed_at if record else None,
+            "rank0": asdict(mine),
+        }
+        remote = StepCommit(
+            step=step,
+            world_size=coll.world_size,
+            objects=names,
+            sizes=[int(m["size"]) for m in found],
+            identities=[m.get("identity") for m in found],
+            committed_at=time.time(),
+            metadata=metadata,
+        )
+        await steps.put_record(self.host, f"{base}/{steps.COMMIT}", asdict(remote))
+        mine.remote_commit_s = None if mine.started_at is None else time.time() - mine.started_at
+        mine.state = "remote-committed"
+        self.stats.remote_committed.append(step)
+
+    async def _markers(self, base: str, names: list[str]) -> list[dict[str, Any]]:
+        """Every rank's marker under ``base``, read until all are there (backing off)."""
+        deadline, pause = now() + self.remote_commit_timeout, _POLL_FIRST
+        found: dict[str, dict[str, Any]] = {}
+        while True:
+            for name in names:
+                if name not in found and (
+                    got := await steps.get_record(self.host, f"{base}/{_marker(name)}")
+                ):
+                    found[name] = got
+            if len(found) == len(names):
+                return [found[n] for n in names]
+            if now() > deadline:
+                missing = [n for n in names if n not in found]
+                raise AsyncCkptError(
+                    f"{base}: {missing} not drained within {self.remote_commit_timeout:g} s; no remote commit"
+                )
+            await asyncio.sleep(pause)  # polling the remote store: the other ranks finish at their own time
+            pause = min(pause * 2, _POLL_MAX)
+
+    # -- retention ----------------------------------------------------------------------
+    async def _prune_remote(self, step: int) -> None:
+        if not self.retention.active:
+            return
+        records = [r for r in await steps.committed_steps(self.host, self.remote) if r.step <= step]
+        for old in to_delete(self.retention, records, time.time()):
+            try:
+                await steps.delete_step(self.host, self.remote, old)
+            except Exception as exc:
+                log.warning("could not delete old remote step %d: %s", old, exc)
+            else:
+                self.stats.remote_deleted.append(old)
+
+    async def _prune_local(self) -> None:
+        """Keep the ``keep_local`` newest local steps; older ones go only once remote-committed.
+        Each node's first local rank prunes its own local directory."""
+        if local_rank() != 0:
+            return
+        committed = await self._local_committed()
+        for old in committed[: -self.keep_local]:
+            if not await self._remote_has(old):
+                why = "not remote-committed yet: kept beyond keep_local"
+                if (old, why) not in self.stats.kept_local:
+                    self.stats.kept_local.append((old, why))
+                continue
+            try:
+                await steps.delete_step(self.host, self.local, old)
+            except Exception as exc:
+                log.warning("could not delete old local step %d: %s", old, exc)
+            else:
+                self.stats.local_deleted.append(old)
+
+    async def make_room(self, failed_step: int, cause: Exception) -> None:
+        """The local disk is full (a save of ``failed_step`` failed with NoSpaceError): the
+        local steps beyond ``keep_local`` go even if not remote-committed, and the manager says
+        so; never the newest committed one, nor one being drained."""
+        if local_rank() != 0:
+            return
+        committed = await self._local_committed()
+        for old in committed[: -self.keep_local]:
+            if self.stats.of(old).state == "draining":
+                continue
+            try:
+                await steps.delete_step(self.host, self.local, old)
+            except Exception as exc:
+                log.warning("could not delete local step %d to make room: %s", old, exc)
+                continue
+            remote = await self._remote_has(old)
+            why = f"local disk full (step {failed_step}: {cause})" + (
+                "" if remote else "; it was not remote-committed"
+            )
+            self.stats.dropped_local.append((old, why))
+            self.stats.local_deleted.append(old)
+            log.warning("deleted local step %d: %s", old, why)
+
+    # -- restore ------------------------------------------------------------------------
+    async def _local_committed(self) -> list[int]:
+        """Local steps committed with this rank's object present, ascending."""
+        coll = self._coll
+        assert coll is not None
+        name = steps.rank_object(coll.rank, coll.world_size)
+        out = []
+        for step in await steps.steps_under(self.host, self.local):
+            if await steps.read_commit(self.host, self.local, step) is None:
+                continue
+            if await steps.exists(self.host, f"{steps.step_uri(self.local, step)}/{name}"):
+                out.append(step)
+        return out
+
+    async def _local_record(self, record: StepCommit) -> None:
+        """Node-local directories: the commit record in each node's directory, not only rank 0's."""
+        uri = f"{steps.step_uri(self.local, record.step)}/{steps.COMMIT}"
+        if await steps.get_record(self.host, uri) is None:
+            await steps.put_record(self.host, uri, asdict(record))
+
+    async def restore(
+        self, into: Mapping[Any, Any] | None, *, as_torch: bool, coll: Collectives
+    ) -> StepLoad | None:
+        """This rank's state of the newest step committed on either tier, or None."""
+        local = set(await self._local_committed())
+        try:
+            remote = await self._remote_committed()
+        except Exception as exc:  # the local tier alone may still hold a committed step
+            log.warning(
+                "remote root %s could not be listed (%s): restoring from the local tier only",
+                self.remote,
+                exc,
+            )
+            remote = set()
+        # every rank must pick the same step: one that all of them hold locally, or that all
+        # of them see remote-committed (a rank that cannot list the remote sees none there)
+        views = await coll.all_gather_object((sorted(local), sorted(remote)))
+        everywhere = set.intersection(*(set(v[0]) for v in views)) if views else set()
+        remote = set.intersection(*(set(v[1]) for v in views)) if views else set()
+        candidates = everywhere | remote
+        if not candidates:
+            return None
+        step = max(candidates)
+        if step in local:
+            try:
+                loaded = await steps.load_step(
+                    self.host, self.local, step, into=into, as_torch=as_torch, coll=coll
+                )
+            except (IntegrityError, TargetNotFoundError) as exc:
+                if step not in remote:
+                    raise
+                offset = getattr(exc, "offset", None)
+                where = f" at offset {offset}" if offset is not None else ""
+                log.warning(
+                    "local copy of step %d failed verification%s (%s): restoring from %s",
+                    step,
+                    where,
+                    exc,
+                    self.remote,
+                )
+                self.stats.restored_from = ("remote", f"the local copy failed verification{where}: {exc}")
+            else:
+                self.stats.restored_from = ("local", f"step {step} is complete on this node and verified")
+                return loaded
+        else:
+            why = "not on this node's local tier" if step not in everywhere else "local copy missing"
+            self.stats.restored_from = ("remote", f"step {step} is {why}")
+        return await steps.load_step(self.host, self.remote, step, into=into, as_torch=as_torch, coll=coll)

@@ -1,0 +1,289 @@
+"""Tiered checkpoints on real files (a local tier and a remote root): drains, the remote
+commit, restore from the nearest verified copy, retention per tier, when a drain is busy,
+resumed drains, a remote outage, a full local disk and bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncckpt import AsyncCheckpointer, CheckpointManager
+from asyncckpt.drain import drain_object
+from asyncckpt.errors import ChecksumMismatchError, ConfigError, NoSpaceError
+from asyncckpt.steps import COMMIT
+
+from .conftest import mounted
+
+MiB = 1 << 20
+OPTIONS: dict[str, Any] = {"chunk_size": MiB, "num_buffers": 4}
+OBJECT = "rank-0-of-1.safetensors"
+
+
+def state_of(step: int, n: int = 300_000) -> dict[str, Any]:
+    return {"model": {"w": np.arange(n, dtype=np.float32) + step}, "step": step}
+
+
+def committed(root: Path) -> list[int]:
+    return sorted(int(p.parent.name.split("-")[1]) for p in root.glob(f"step-*/{COMMIT}"))
+
+
+def tiers_of(tmp_path: Path) -> tuple[Path, Path]:
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    local.mkdir()
+    remote.mkdir()
+    return local, remote
+
+
+def outage(remote: Path) -> None:
+    """The remote root becomes unusable (a file where the directory was): every drain fails."""
+    remote.rmdir()
+    remote.write_text("")
+
+
+def back(remote: Path) -> None:
+    remote.unlink()
+    remote.mkdir()
+
+
+def corrupt(path: Path, offset: int) -> None:
+    with path.open("r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+async def test_steps_commit_locally_drain_and_commit_remotely(tmp_path: Path) -> None:
+    local, remote = tiers_of(tmp_path)
+    async with CheckpointManager(remote, local=local, keep_local=2, keep_last=2, **OPTIONS) as mgr:
+        for step in (1, 2, 3, 4):
+            await mgr.maybe_save(step, state_of(step), metrics={"loss": 1.0 / step})
+            await mgr.wait()
+    assert committed(remote) == [3, 4]  # keep_last on the remote tier
+    assert committed(local) == [3, 4]  # keep_local: older ones were remote-committed, so deleted
+    tiers = mgr.stats.tiers
+    assert tiers is not None
+    assert tiers.remote_committed == [1, 2, 3, 4] and tiers.drain_failures == []
+    assert tiers.local_deleted == [1, 2] and tiers.remote_deleted == [1, 2]
+    for step in (1, 2, 3, 4):
+        facts = tiers.steps[step]
+        assert facts.state == "remote-committed"
+        assert facts.local_commit_s is not None and facts.remote_commit_s is not None
+        assert facts.remote_commit_s >= facts.local_commit_s > 0
+        assert facts.bytes_drained == (local / "step-4" / OBJECT).stat().st_size or step != 4
+        assert facts.drain_gb_per_s > 0
+    # the same bytes: the remote object verifies with the checksums of the local one
+    assert (remote / "step-4" / OBJECT).read_bytes() == (local / "step-4" / OBJECT).read_bytes()
+    record = json.loads((remote / "step-4" / COMMIT).read_text())
+    assert record["metadata"]["metrics"] == {"loss": 0.25}
+    assert record["metadata"]["tiers"]["rank0"]["bytes_drained"] > 0
+    json.dumps(tiers.as_dict())  # result JSON
+
+
+async def test_restore_prefers_the_local_copy_and_says_why(tmp_path: Path) -> None:
+    local, remote = tiers_of(tmp_path)
+    async with CheckpointManager(remote, local=local, **OPTIONS) as mgr:
+        await mgr.maybe_save(1, state_of(1))
+    into = state_of(0)
+    async with CheckpointManager(remote, local=local, **OPTIONS) as mgr:
+        assert await mgr.restore(into=into) == 1
+    assert np.array_equal(into["model"]["w"], state_of(1)["model"]["w"])
+    assert mgr.stats.tiers is not None and mgr.stats.tiers.restored_from is not None
+    assert mgr.stats.tiers.restored_from[0] == "local"
+
+
+async def test_a_corrupt_local_copy_falls_back_to_the_remote_naming_the_offset(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    local, remote = tiers_of(tmp_path)
+    async with CheckpointManager(remote, local=local, **OPTIONS) as mgr:
+        await mgr.maybe_save(1, state_of(1))
+    corrupt(local / "step-1" / OBJECT, MiB + 5)
+    into = state_of(0)
+    with caplog.at_level(logging.WARNING, logger="asyncckpt"):
+        async with CheckpointManager(remote, local=local, **OPTIONS) as mgr:
+            assert await mgr.restore(into=into) == 1
+    assert np.array_equal(into["model"]["w"], state_of(1)["model"]["w"])
+    assert mgr.stats.tiers is not None and mgr.stats.tiers.restored_from is not None
+    tier, why = mgr.stats.tiers.restored_from
+    assert tier == "remote" and "offset" in why
+    assert any("failed verification at offset" in r.getMessage() for r in caplog.records)
+
+
+async def test_node_loss_restores_from_the_remote(tmp_path: Path) -> None:
+    local, remote = tiers_of(tmp_path)
+    async with CheckpointManager(remote, local=local, **OPTIONS) as mgr:
+        for step in (1, 2):
+            await mgr.maybe_save(step, state_of(step))
+    shutil.rmtree(local)
+    local.mkdir()  # a replacement node: an empty local tier
+    into = state_of(0)
+    async with CheckpointManager(remote, local=local, **OPTIONS) as mgr:
+        assert await mgr.restore(into=into) == 2
+    assert np.array_equal(into["model"]["w"], state_of(2)["model"]["w"])
+    assert mgr.stats.tiers is not None and mgr.stats.tiers.restored_from is not None
+    assert mgr.stats.tiers.restored_from[0] == "remote"
+
+
+async def test_a_corrupt_local_byte_stops_the_drain_with_its_offset(tmp_path: Path) -> None:
+    local, remote = tiers_of(tmp_path)
+    async with AsyncCheckpointer(**OPTIONS) as ckpt:
+        await ckpt.save_state(str(local / OBJECT), state_of(1))
+        corrupt(local / OBJECT, MiB + 17)
+        with pytest.raises(ChecksumMismatchError, match="corrupt at offset 1048576") as err:
+            await drain_object(ckpt, str(local / OBJECT), str(remote / OBJECT))
+    assert err.value.offset == MiB
+    assert list(remote.iterdir()) == []  # nothing published, no temporary left
+
+
+async def test_a_remote_outage_keeps_the_step_local_reports_once_and_retries(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    local, remote = tiers_of(tmp_path)
+    with caplog.at_level(logging.ERROR, logger="asyncckpt"):
+        mgr = CheckpointManager(str(remote), local=local, raise_on_failure=False, **OPTIONS)
+        outage(remote)
+        async with mgr:
+            await mgr.maybe_save(1, state_of(1))
+            await mgr.wait()  # training goes on: step 1 is committed locally
+            assert committed(local) == [1] and mgr.stats.saved == [1]
+            tiers = mgr.stats.tiers
+            assert tiers is not None and [s for s, _ in tiers.drain_failures] == [1]
+            assert tiers.steps[1].state == "failed"
+            back(remote)  # the store is back: the next commit retries step 1 first
+            await mgr.maybe_save(2, state_of(2))
+            await mgr.wait()
+    assert committed(remote) == [1, 2]
+    assert tiers.remote_committed == [1, 2] and len(tiers.drain_failures) == 1
+    assert sum("drain of step 1" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_drains_of_committed_local_steps_resume_after_a_restart(tmp_path: Path) -> None:
+    local, remote = tiers_of(tmp_path)
+    async with CheckpointManager(remote, local=local, raise_on_failure=False, **OPTIONS) as mgr:
+        outage(remote)  # the drain of step 1 fails: the run ends with step 1 local-only
+        await mgr.maybe_save(1, state_of(1))
+        await mgr.wait()
+    assert committed(local) == [1]
+    back(remote)
+    async with CheckpointManager(remote, local=local, **OPTIONS) as mgr:
+        await mgr.start()
+        await mgr.wait()
+    assert mgr.stats.tiers is not None and mgr.stats.tiers.resumed == [1]
+    assert committed(remote) == [1]
+
+
+async def test_a_busy_drain_is_skipped_waited_for_or_queued(tmp_path: Path) -> None:
+    local, remote = tiers_of(tmp_path)
+    big = 1_000_000  # 4 MB at 8 MB/s: a drain that takes about half a second
+    for mode in ("skip", "wait", "queue"):
+        (local / mode).mkdir()
+        (remote / mode).mkdir()
+        async with CheckpointManager(
+            remote / mode, local=local / mode, drain_when_busy=mode, drain_bandwidth=8e6, **OPTIONS
+        ) as mgr:
+            await mgr.maybe_save(1, state_of(1, big))
+            assert mgr.tiers is not None
+            await mgr.tiers.drain_began(1)
+            await mgr.maybe_save(2, state_of(2, big))
+        tiers = mgr.stats.tiers
+        assert tiers is not None
+        if mode == "skip":
+            assert tiers.drains_skipped == [2] and committed(remote / mode) == [1]
+        elif mode == "wait":
+            assert [s for s, _ in tiers.drains_waited] == [2] and committed(remote / mode) == [1, 2]
+        else:
+            assert tiers.drains_queued == [2] and committed(remote / mode) == [1, 2]
+            assert tiers.drains_waited == []  # one queued is within max_queued_drains=1: no wait
+
+
+async def test_a_full_local_disk_says_so_and_the_previous_step_restores(tmp_path: Path) -> None:
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    with mounted(tmp_path / "small", "tmpfs", "size=6m") as local:
+        async with CheckpointManager(remote, local=local, keep_local=5, **OPTIONS) as mgr:
+            await mgr.maybe_save(1, state_of(1))  # 1.2 MB
+            await mgr.wait()
+            with pytest.raises(NoSpaceError):
+                await mgr.maybe_save(2, state_of(2, 2_000_000))  # 8 MB: does not fit
+                await mgr.wait()
+        into = state_of(0)
+        async with CheckpointManager(remote, local=local, **OPTIONS) as mgr:
+            assert await mgr.restore(into=into) == 1
+        assert np.array_equal(into["model"]["w"], state_of(1)["model"]["w"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"keep_local": 0}, "keep_local must be a positive integer, got 0"),
+        ({"local": "s3://bucket/run"}, "must be a local directory path"),
+        ({"drain_when_busy": "later"}, "drain_when_busy must be one of"),
+        ({"drain_bandwidth": -1}, "drain_bandwidth must be a positive number"),
+        ({"max_queued_drains": 0}, "max_queued_drains must be a positive integer"),
+    ],
+)
+def test_bad_tier_input_is_refused_naming_it(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    options: dict[str, Any] = {"local": tmp_path / "local", **OPTIONS, **kwargs}
+    with pytest.raises(ConfigError, match=message):
+        CheckpointManager(tmp_path / "remote", **options)
+
+
+def test_the_local_root_must_not_be_the_remote_root(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="overlap"):
+        CheckpointManager(tmp_path, local=tmp_path, **OPTIONS)
+    with pytest.raises(ConfigError, match="overlap"):
+        CheckpointManager(tmp_path, local=tmp_path / "local", **OPTIONS)
+
+
+async def test_a_full_local_disk_deletes_undrained_steps_beyond_keep_local_and_says_so(
+    tmp_path: Path,
+) -> None:
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    n = 600_000  # 2.4 MB a step: two fit in 6 MiB, three do not
+    with mounted(tmp_path / "small", "tmpfs", "size=6m") as local:
+        mgr = CheckpointManager(remote, local=local, keep_local=1, raise_on_failure=False, **OPTIONS)
+        outage(remote)  # nothing is remote-committed: keep_local alone deletes nothing
+        async with mgr:
+            for step in (1, 2):
+                await mgr.maybe_save(step, state_of(step, n))
+                await mgr.wait()
+            tiers = mgr.stats.tiers
+            assert tiers is not None and tiers.kept_local == [
+                (1, "not remote-committed yet: kept beyond keep_local")
+            ]
+            with contextlib.suppress(NoSpaceError):  # raised here, or recorded for wait()
+                await mgr.maybe_save(3, state_of(3, n))
+            await mgr.wait()
+            assert [s for s, why in mgr.stats.failed] == [3] and "No space" in mgr.stats.failed[0][1]
+            assert [s for s, _ in tiers.dropped_local] == [1]
+            assert (
+                "local disk full" in tiers.dropped_local[0][1]
+                and "not remote-committed" in tiers.dropped_local[0][1]
+            )
+            assert await mgr.maybe_save(4, state_of(4, n))  # room again
+            await mgr.wait()
+            assert mgr.stats.saved == [1, 2, 4] and committed(local) == [2, 4]
+
+
+async def test_a_running_drain_does_not_hold_the_next_local_commit(tmp_path: Path) -> None:
+    local, remote = tiers_of(tmp_path)
+    big = 1_000_000  # 4 MB drained at 4 MB/s: about a second, a local save takes milliseconds
+    async with CheckpointManager(remote, local=local, drain_bandwidth=4e6, **OPTIONS) as mgr:
+        assert mgr.tiers is not None
+        await mgr.maybe_save(1, state_of(1, big))
+        await mgr.tiers.drain_began(1)
+        await mgr.maybe_save(2, state_of(2, big))
+        await mgr.tiers.local_committed(2)
+        # step 2 committed locally while step 1 was still draining (the drain has its own
+        # checkpointer: the manager's runtime lock, held for a whole save, is not the drain's)
+        assert mgr.tiers.stats.steps[1].state == "draining"
+    assert committed(remote) == [1, 2]
