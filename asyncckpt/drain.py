@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .engine import chunks
 from .engine.header import state_manifest
 from .engine.monitor import now
 from .errors import ChecksumMismatchError, ConfigError, IntegrityError, SourceChangedError
@@ -116,18 +117,21 @@ async def drain_object(
         if manifest is None or not manifest.chunk_crc32c:
             raise IntegrityError(f"{local_uri!r} carries no chunk checksums: it cannot be drained verified")
         chunk = host.config.chunk_size
-        if manifest.chunk_size != chunk:
+        block = manifest.chunk_size
+        if chunk % block:
             raise ConfigError(
-                f"{local_uri!r} was saved in {manifest.chunk_size}-byte chunks, this checkpointer uses "
-                f"chunk_size={chunk}: drain it with the checkpointer that saved it"
+                f"{local_uri!r} carries checksums of {block}-byte blocks, which do not divide this "
+                f"checkpointer's chunk_size={chunk}: drain it with the checkpointer that saved it"
             )
+        # the header's checksum blocks (256 KiB) combine into the pipeline's chunk CRCs
+        expect = chunks.coarsen(manifest.chunk_crc32c, size, block, chunk)
         t0 = now()
         try:
             saved = await host.save(
                 remote_uri,
                 size,
                 data=_reads(sink, size, chunk, bandwidth),
-                expect_crc32c=list(manifest.chunk_crc32c),
+                expect_crc32c=list(expect),
             )
         except SourceChangedError as exc:
             offset = exc.offset if exc.offset is not None else -1

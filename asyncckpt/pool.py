@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import gc
 import mmap
+import threading
 from collections import deque
 from concurrent.futures import Executor
 from typing import NamedTuple
@@ -114,7 +115,11 @@ class BufferPool:
         self._acquires = 0
         self._waits = 0
         self._closed = False
-        self._faulting: asyncio.Future[None] | None = None
+        self._faulting: asyncio.Task[None] | None = None
+        self._unfaulted: deque[PoolBuffer] = deque()  # held by the fault-in, not yet free
+        self._fault_lock = threading.Lock()  # held by the thread faulting a buffer in
+        self._fault_epoch = 0  # bumped when another event loop takes the fault-in over
+        self._executor: Executor | None = None
 
     def touch(self) -> None:
         """Fault every page in now, so first-touch page faults never count as generation.
@@ -135,27 +140,62 @@ class BufferPool:
         ``wait_free_s``). Not cancellable: a thread in ``memset`` cannot be stopped, and the
         pool must not be unmapped under it (:meth:`faulted` is awaited before ``close``).
         """
-        pending = [self._free.popleft() for _ in range(len(self._free))]
-        self._faulting = asyncio.ensure_future(self._fault(executor, pending))
+        self._executor = executor
+        self._unfaulted.extend(self._free)
+        self._free.clear()
+        self._faulting = asyncio.ensure_future(self._fault(executor, self._fault_epoch))
         self._faulting.add_done_callback(_retrieve)
 
-    async def _fault(self, executor: Executor, pending: list[PoolBuffer]) -> None:
+    def _touch(self, buf: PoolBuffer, epoch: int) -> None:
+        """Blocking: fault ``buf`` in unless another loop took the fault-in over meanwhile
+        (a job queued before its loop closed may still start later)."""
+        with self._fault_lock:
+            if epoch == self._fault_epoch:
+                touch_view(buf.view)
+
+    async def _fault(self, executor: Executor, epoch: int) -> None:
         try:
-            for i, buf in enumerate(pending):
+            while self._unfaulted and epoch == self._fault_epoch:
+                buf = self._unfaulted[0]
                 try:
-                    await run_blocking(executor, touch_view, buf.view)
+                    await run_blocking(executor, self._touch, buf, epoch)
                 except BaseException:
-                    self._free.extend(pending[i:])  # untouched: first use faults them in
+                    if epoch == self._fault_epoch:  # untouched: first use faults them in
+                        self._free.extend(self._unfaulted)
+                        self._unfaulted.clear()
                     raise
+                if epoch != self._fault_epoch:
+                    return
+                self._unfaulted.popleft()
                 self._free.append(buf)
                 self._wake_one()
         finally:
-            self._wake_one()
+            if epoch == self._fault_epoch:
+                self._wake_one()
+
+    async def _adopt(self) -> None:
+        """The fault-in runs in an event loop that is gone (closed, or not running): wait for
+        its thread to leave ``memset``, then free its buffers untouched (first use faults them)."""
+        assert self._executor is not None
+        await run_blocking(self._executor, self._fault_lock.acquire)
+        try:
+            self._fault_epoch += 1
+            self._free.extend(self._unfaulted)
+            self._unfaulted.clear()
+            self._faulting = None
+        finally:
+            self._fault_lock.release()
+
+    def _foreign_fault(self) -> bool:
+        task = self._faulting
+        return task is not None and not task.done() and task.get_loop() is not asyncio.get_running_loop()
 
     async def faulted(self) -> None:
         """Wait until :meth:`fault_in` is done with every buffer (its errors are not raised:
         an untouched buffer is only slower)."""
-        if self._faulting is not None:
+        if self._foreign_fault():
+            await self._adopt()
+        elif self._faulting is not None and not self._faulting.done():
             await asyncio.wait([self._faulting])
 
     @property
@@ -182,6 +222,8 @@ class BufferPool:
         """Take a free buffer, waiting (back-pressure) while all are in use."""
         if self._closed:
             raise RuntimeError("buffer pool is closed")
+        if self._foreign_fault():
+            await self._adopt()
         self._acquires += 1
         if not self._free:
             self._waits += 1

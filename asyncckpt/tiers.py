@@ -39,6 +39,7 @@ from .node.launcher import local_rank
 from .owner import Owner, boot_id, host
 from .retention import RetentionPolicy, to_delete
 from .sinks import leftovers
+from .state.hf_index import INDEX as HF_INDEX
 from .steps import StepCommit, StepHost, StepLoad
 
 log = logging.getLogger("asyncckpt")
@@ -378,6 +379,7 @@ class Tiers:
             "local_committed_at": record.committed_at if record else None,
             "rank0": asdict(mine),
         }
+        index = await self._copy_indexes(step, base, record)
         remote = StepCommit(
             step=step,
             world_size=coll.world_size,
@@ -386,11 +388,27 @@ class Tiers:
             identities=[m.get("identity") for m in found],
             committed_at=time.time(),
             metadata=metadata,
+            index=index,
         )
         await steps.put_record(self.host, f"{base}/{steps.COMMIT}", asdict(remote))
         mine.remote_commit_s = None if mine.started_at is None else time.time() - mine.started_at
         mine.state = "remote-committed"
         self.stats.remote_committed.append(step)
+
+    async def _copy_indexes(self, step: int, base: str, record: StepCommit | None) -> str | None:
+        """The step's indexes, local to remote, before the remote commit names them: the step
+        index (without it no other number of ranks can load the remote copy) and the Hugging
+        Face index when the step has one. Returns the step index's name, as the record gives it."""
+        local = steps.step_uri(self.local, step)
+        index = record.index if record is not None else None
+        for name in ([index] if index else []) + [HF_INDEX]:
+            got = await steps.get_record(self.host, f"{local}/{name}")
+            if got is None:
+                if name == index:
+                    raise IntegrityError(f"{local}/{name}: the step index its commit record names is missing")
+                continue
+            await steps.put_record(self.host, f"{base}/{name}", got)
+        return index
 
     async def _markers(self, base: str, names: list[str]) -> list[dict[str, Any]]:
         """Every rank's marker under ``base``, read until all are there (backing off)."""

@@ -46,6 +46,41 @@ async def test_first_buffer_is_handed_out_before_the_rest_are_faulted_in() -> No
         executor.shutdown()
 
 
+def test_a_fault_in_left_in_a_closed_loop_is_taken_over_by_the_next() -> None:
+    """A loop closed without shutdown leaves the fault-in's task pending forever: the next
+    loop's ``acquire`` waits for the thread to leave ``memset`` (never a buffer a thread still
+    zeroes), then hands the buffers out; ``faulted()`` does not wait on the dead loop."""
+    gate = threading.Event()
+    executor = ThreadPoolExecutor(1)
+    executor.submit(gate.wait)
+    pool = BufferPool(MiB, 4)
+
+    async def start() -> None:
+        pool.fault_in(executor)
+        await asyncio.sleep(0)  # its first touch is queued on the executor
+
+    async def later() -> None:
+        first = asyncio.ensure_future(pool.acquire())
+        await asyncio.sleep(0)
+        assert not first.done()  # the first buffer's touch has not run yet
+        gate.set()
+        buf = await asyncio.wait_for(first, 30)
+        await pool.faulted()
+        assert pool.stats().free == 3
+        pool.release(buf)
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(start())
+    finally:
+        loop.close()
+    try:
+        asyncio.run(later())
+    finally:
+        pool.close()
+        executor.shutdown()
+
+
 async def test_aclose_waits_for_a_fault_in_still_running(tmp_path: Path) -> None:
     """Unmapping a pool while a thread still writes its pages would crash the process: a
     checkpointer closed right after its pool was built waits for the fault-in first."""

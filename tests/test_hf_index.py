@@ -21,6 +21,7 @@ from safetensors.torch import save_file  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from asyncckpt.state.hf_index import INDEX, ObjectTensors, hf_index  # noqa: E402
+from asyncckpt.state.index import INDEX as STEP_INDEX  # noqa: E402
 from asyncckpt.steps import COMMIT  # noqa: E402
 
 from .launch import torchrun  # noqa: E402
@@ -114,10 +115,11 @@ def test_dcp_huggingface_reader_loads_the_step(saved: tuple[Path, Any, dict[str,
 
 def test_no_index_when_ranks_save_the_same_name(saved: tuple[Path, Any, dict[str, Any]]) -> None:
     """Step 2 was saved twice: first with distinct names (indexed), then with ``w`` on both
-    ranks, which no index can place: the first save's index is gone, the step committed."""
+    ranks, which no HF index can place: the first save's HF index is gone, the step committed
+    (asyncckpt's own step index stays: it places repeated names by rank)."""
     step2 = saved[0].parent / "step-2"
     assert (step2 / COMMIT).exists() and not (step2 / INDEX).exists()
-    assert sorted(p.name for p in step2.iterdir()) == [COMMIT, "OWNER.json", *OBJECTS]
+    assert sorted(p.name for p in step2.iterdir()) == sorted([COMMIT, "OWNER.json", STEP_INDEX, *OBJECTS])
 
 
 def test_hf_index_refuses_a_repeated_name_or_a_partial_tensor() -> None:

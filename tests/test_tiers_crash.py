@@ -17,13 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asyncckpt import CheckpointManager
+from asyncckpt import AsyncCheckpointer, CheckpointManager
 from asyncckpt.owner import parse_temp
+from asyncckpt.state.index import INDEX as STEP_INDEX
 from asyncckpt.steps import COMMIT
 
 from .conftest import ROOT
 from .launch import mpirun
 from .tiers_child import OPTIONS, state_of
+from .tiers_mpi_child import state_of as mpi_state_of
 
 POINTS = [
     ("local-write", 2, False),  # (point, N, step 2 committed locally before the kill)
@@ -100,12 +102,18 @@ async def test_two_nodes_drain_their_own_objects_and_restore_from_the_nearest_ti
     assert remote_records_name_complete_objects(remote) == [2, 3]  # keep_last=2 on the remote
     record = json.loads((remote / "step-3" / COMMIT).read_text())
     assert record["objects"] == ["rank-0-of-2.safetensors", "rank-1-of-2.safetensors"]
+    # the remote copy carries the step index rank 0 wrote locally: one process loads it
+    assert record["index"] == STEP_INDEX and (remote / "step-3" / STEP_INDEX).exists()
+    async with AsyncCheckpointer() as one:
+        loaded = await one.load_step(remote, 3)
+    assert loaded.reads is not None  # resharded: saved by 2 ranks, loaded by 1
+    assert np.array_equal(loaded.state["w"], mpi_state_of(0, 3)["w"]) and loaded.state["step"] == 3
     for rank in (0, 1):
         node = tmp_path / f"node-{rank}"
         # keep_local=1 on each node, each with its own object and the step's commit record
         assert sorted(p.name for p in node.iterdir()) == ["step-3"]
         assert sorted(p.name for p in (node / "step-3").iterdir()) == sorted(
-            [COMMIT, f"rank-{rank}-of-2.safetensors", *(["OWNER.json"] if rank == 0 else [])]
+            [COMMIT, f"rank-{rank}-of-2.safetensors", *([STEP_INDEX, "OWNER.json"] if rank == 0 else [])]
         )
         stats = json.loads((tmp_path / f"stats-{rank}.json").read_text())
         assert [s["state"] for s in stats["steps"]] == (

@@ -46,6 +46,8 @@ async def test_steps_drain_to_s3_and_a_lost_node_restores_from_it(s3_env: S3Endp
     assert tiers is not None and tiers.remote_committed == [1, 2] and tiers.remote_deleted == [1]
     assert await asyncio.to_thread(keys, s3_env, bucket) == [
         "step-2/COMMITTED.json",
+        "step-2/asyncckpt-index.json",  # the indexes: copied before the remote commit
+        "step-2/model.safetensors.index.json",
         "step-2/rank-0-of-1.drained.json",
         "step-2/rank-0-of-1.draining.json",
         f"step-2/{OBJECT}",
