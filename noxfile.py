@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,7 +26,14 @@ def tests(session: nox.Session) -> None:
     if os.path.exists("tests/setup_system.sh"):
         session.run("bash", "tests/setup_system.sh", external=True)
     session.install("-c", CONSTRAINTS, "-e", ".[test]")
+    install_azurite(session)
     session.run("python", "-m", "pytest", *session.posargs)
+
+
+def install_azurite(session: nox.Session) -> None:
+    """Azurite (npm) into the user's cache dir, when Node and npm are there (else its tests skip)."""
+    if shutil.which("npm") and shutil.which("node"):
+        session.run("python", "-m", "asyncckpt.servers.azurite", "install")
 
 
 #: the modules a loaded machine breaks first: object stores, faults, stalls, crashes
@@ -58,6 +66,7 @@ def stress(session: nox.Session) -> None:
     if os.path.exists("tests/setup_system.sh"):
         session.run("bash", "tests/setup_system.sh", external=True)
     session.install("-c", CONSTRAINTS, "-e", ".[test]")
+    install_azurite(session)
     modules = sorted({path for pattern in STRESS_MODULES for path in glob.glob(f"tests/{pattern}")})
     with cpu_hogs(HOGS):
         for i in range(3):

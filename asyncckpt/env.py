@@ -18,6 +18,10 @@ Variables (meaning; default when unset):
   ``round_robin``.
 - ``AWS_*`` (:data:`AWS_VARIABLES`): S3 endpoint, credentials, region, CA bundle; unset.
 - ``S3DLIO_*`` (:data:`S3DLIO_VARIABLES`): s3dlio's own client settings; unset.
+- ``AZURE_STORAGE_*`` (:data:`AZURE_VARIABLES`): Azure Blob account, key, SAS, endpoint; unset.
+- ``STORAGE_EMULATOR_HOST``, ``GOOGLE_*`` (:data:`GCS_VARIABLES`): GCS emulator and credentials;
+  unset.
+- ``XDG_CACHE_HOME``: where tools asyncckpt installs for tests live (Azurite); ``~/.cache``.
 - launcher variables (``RANK``, ``OMPI_COMM_WORLD_*``, ``SLURM_*``, …, named in
   :mod:`asyncckpt.node.launcher`): rank and world size; a single process.
 
@@ -33,6 +37,7 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 from . import modes
@@ -57,6 +62,22 @@ S3DLIO_VARIABLES: Final = (
     "S3DLIO_CONNECT_TIMEOUT_SECS",
     "S3DLIO_UNSIGNED_PAYLOAD",
 )
+#: Azure settings key → its variables, first set wins (obstore's names, then the Azure CLI's)
+AZURE_VARIABLES: Final[Mapping[str, tuple[str, ...]]] = {
+    "account": ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT"),
+    "account_key": ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_KEY"),
+    "sas_token": ("AZURE_STORAGE_SAS_TOKEN",),
+    "connection_string": ("AZURE_STORAGE_CONNECTION_STRING",),
+    # obstore: the account URL; s3dlio: the host it appends the account to (docs/azure-gcs.md)
+    "endpoint": ("AZURE_STORAGE_ENDPOINT",),
+}
+#: GCS settings key → its variables (the emulator host is the one Google's own clients honour)
+GCS_VARIABLES: Final[Mapping[str, tuple[str, ...]]] = {
+    "emulator_host": ("STORAGE_EMULATOR_HOST",),
+    "application_credentials": ("GOOGLE_APPLICATION_CREDENTIALS",),
+    "service_account_key": ("GOOGLE_SERVICE_ACCOUNT_KEY",),
+    "project": ("GOOGLE_CLOUD_PROJECT",),
+}
 
 
 def environ(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
@@ -144,6 +165,24 @@ def s3dlio_variable(name: str, env: Mapping[str, str] | None = None) -> str | No
     if name not in S3DLIO_VARIABLES:
         raise KeyError(f"{name} is not an s3dlio variable asyncckpt knows")
     return environ(env).get(name)
+
+
+def azure_variable(key: str, env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """(variable, value) of the first non-empty :data:`AZURE_VARIABLES` ``[key]``; None when none is."""
+    e = environ(env)
+    return next(((n, e[n]) for n in AZURE_VARIABLES[key] if e.get(n)), None)
+
+
+def gcs_variable(key: str, env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """(variable, value) of the first non-empty :data:`GCS_VARIABLES` ``[key]``; None when none is."""
+    e = environ(env)
+    return next(((n, e[n]) for n in GCS_VARIABLES[key] if e.get(n)), None)
+
+
+def cache_home(env: Mapping[str, str] | None = None) -> Path:
+    """``XDG_CACHE_HOME``, else ``~/.cache``: where asyncckpt keeps tools it installs for tests."""
+    value = _set("XDG_CACHE_HOME", env)
+    return Path(value) if value else Path.home() / ".cache"
 
 
 def child_environ(**overrides: str) -> dict[str, str]:

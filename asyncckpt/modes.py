@@ -54,6 +54,8 @@ BenchMode = Literal["save", "load", "both"]
 LoopKind = Literal["auto", "asyncio", "uvloop"]
 #: bench ``--embedded-s3``: which local S3 server to start
 EmbeddedServer = Literal["swift", "moto"]
+#: bench ``--embedded-store``: which local Azure Blob / GCS emulator to start
+EmbeddedStore = Literal["azure", "gcs"]
 
 M = TypeVar("M", bound=str)
 

@@ -22,7 +22,7 @@ from asyncckpt.engine.seal import unseal
 
 from .loop_guard import guarded
 
-pytest_plugins = ["tests.plugins.s3servers"]
+pytest_plugins = ["tests.plugins.s3servers", "tests.plugins.objstores"]
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "setup_system.sh: not root or no apt-get; skipping system packages" \
-         "(MPI and Swift tests will be skipped with a reason)" >&2
+         "(MPI, Swift and Azurite tests will be skipped with a reason)" >&2
     exit 0
 fi
 
@@ -43,6 +43,14 @@ setup_fio() {
     apt_install fio
 }
 
+# Node.js and npm: they run Azurite, the Azure Blob emulator (npm-installed into a cache dir by
+# `python -m asyncckpt.servers.azurite install` in the nox tests session, never globally)
+setup_node() {
+    command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 && return 0
+    apt_install nodejs npm
+}
+
 setup_openmpi
 setup_swift
 setup_fio
+setup_node

@@ -23,6 +23,7 @@ CLI_MODES = {
     "isolation": modes.Isolation,
     "mp_start_method": modes.StartMethod,
     "embedded_s3": modes.EmbeddedServer,
+    "embedded_store": modes.EmbeddedStore,
     "mode": modes.BenchMode,
     "verify": modes.VerifyMode,
 }

@@ -1,0 +1,203 @@
+"""Put/get throughput of the client libraries used directly against Azurite and fake-gcs-server.
+
+Rough figures for choosing the ``az://`` / ``gs://`` backends' clients: each row puts one
+``--size`` object (a streaming upload of ``--part-size`` parts, ``--in-flight`` at a time where
+the client takes it) and gets it back whole, then deletes it; the rows alternate within each of
+``--repeat`` rounds (the order rotates per round). Only clients that work with the emulator
+are measured (docs/azure-gcs.md): on fake-gcs-server obstore cannot write, so the object it
+reads is uploaded through the JSON API, and the JSON API (standard library, resumable upload
+of ``--part-size`` chunks, one at a time) is measured as the writer a backend could use.
+Client and emulator share this machine's cores, and the emulators are slow by design:
+compare rows of one run, never absolutes across machines.
+
+    python benchmarks/bench_azure_gcs_clients.py --size 256MiB --part-size 8MiB --in-flight 4 --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import dgen_py
+import obstore
+from _common import bootstrap_ci, emit
+from obstore.store import AzureStore, GCSStore
+
+from asyncckpt.env import exported
+from asyncckpt.servers.azurite import AzureEndpoint, AzuriteServer
+from asyncckpt.servers.gcs_emulator import GcsEmulator, GcsEndpoint
+from asyncckpt.units import parse_size
+
+HTTP = {"allow_http": True}
+
+
+@dataclass
+class Row:
+    """One client against one emulator: how it puts, gets and deletes ``key``."""
+
+    store: str
+    client: str
+    put: Callable[[str, bytes], None]
+    get: Callable[[str], int]
+    delete: Callable[[str], None]
+    note: str = ""
+
+
+def azure_rows(ep: AzureEndpoint, container: str, part: int, inflight: int) -> list[Row]:
+    import s3dlio  # after the variables are exported: s3dlio reads them when it builds its client
+
+    store = AzureStore(container, config=ep.obstore_config(), client_options=HTTP)
+    base = f"az://{ep.account}/{container}/"
+
+    def ob_put(key: str, data: bytes) -> None:
+        obstore.put(
+            store, key, memoryview(data), use_multipart=True, chunk_size=part, max_concurrency=inflight
+        )
+
+    def s3dlio_put(key: str, data: bytes) -> None:
+        writer = s3dlio.create_azure_writer(base + key)
+        view = memoryview(data)
+        for off in range(0, len(data), part):
+            writer.write_chunk(view[off : off + part])
+        writer.finalize()
+
+    return [
+        Row(
+            "azure",
+            "obstore",
+            ob_put,
+            lambda key: len(obstore.get(store, key).bytes()),
+            lambda key: obstore.delete(store, key),
+            f"put(use_multipart, chunk_size={part}, max_concurrency={inflight}); get().bytes()",
+        ),
+        Row(
+            "azure",
+            "s3dlio",
+            s3dlio_put,
+            lambda key: len(s3dlio.get(base + key)),
+            lambda key: s3dlio.delete(base + key),
+            "create_azure_writer + write_chunk per part (its own 4 MiB blocks); get()",
+        ),
+    ]
+
+
+def json_request(
+    ep: GcsEndpoint, method: str, path: str, body: Any = b"", headers: dict[str, str] | None = None
+) -> Any:
+    url = urlsplit(ep.url)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=300)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        data = response.read()
+        if response.status not in (200, 204, 308):
+            raise RuntimeError(f"{method} {path}: HTTP {response.status}: {data[:300]!r}")
+        return response, data
+    finally:
+        conn.close()
+
+
+def gcs_rows(ep: GcsEndpoint, bucket: str, part: int) -> list[Row]:
+    store = GCSStore(bucket, config=ep.obstore_config(), client_options=HTTP)
+
+    def json_put(key: str, data: bytes) -> None:
+        start = f"/upload/storage/v1/b/{bucket}/o?uploadType=resumable&name={quote(key, safe='')}"
+        response, _ = json_request(
+            ep, "POST", start, json.dumps({"name": key}), {"Content-Type": "application/json"}
+        )
+        session = urlsplit(response.getheader("Location"))
+        path, view = f"{session.path}?{session.query}", memoryview(data)
+        for off in range(0, len(data), part):
+            end = min(off + part, len(data))
+            total = str(len(data)) if end == len(data) else "*"
+            json_request(ep, "PUT", path, view[off:end], {"Content-Range": f"bytes {off}-{end - 1}/{total}"})
+
+    def json_get(key: str) -> int:
+        _, data = json_request(
+            ep, "GET", f"/download/storage/v1/b/{bucket}/o/{quote(key, safe='')}?alt=media"
+        )
+        return len(data)
+
+    def delete(key: str) -> None:
+        json_request(ep, "DELETE", f"/storage/v1/b/{bucket}/o/{quote(key, safe='')}")
+
+    return [
+        Row("gcs", "json-api (stdlib)", json_put, json_get, delete, f"resumable upload, {part}-byte chunks"),
+        Row(
+            "gcs",
+            "obstore (get only)",
+            json_put,  # obstore cannot write to fake-gcs-server; the put is not reported
+            lambda key: len(obstore.get(store, key).bytes()),
+            lambda key: obstore.delete(store, key),
+            "put fails (XML API); object uploaded through the JSON API",
+        ),
+    ]
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="256MiB")
+    ap.add_argument("--part-size", default="8MiB")
+    ap.add_argument("--in-flight", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    size, part = parse_size(args.size), parse_size(args.part_size)
+    data = bytearray(size)
+    dgen_py.Generator(size=size, seed=1).fill_chunk(data)
+    payload = bytes(data)
+    samples: dict[tuple[str, str, str], list[float]] = {}
+    with ExitStack() as stack:
+        az = stack.enter_context(AzuriteServer())
+        gcs = stack.enter_context(GcsEmulator())
+        stack.enter_context(exported(az.env()))
+        rows = azure_rows(az, az.create_container("bench"), part, args.in_flight)
+        rows += gcs_rows(gcs, gcs.create_bucket("bench"), part)
+        for r in range(args.repeat):
+            for row in rows[r % len(rows) :] + rows[: r % len(rows)]:  # alternate, rotating order
+                key = f"obj-{r}"
+                put_s = timed(lambda row=row, key=key: row.put(key, payload))
+                got: list[int] = []
+                get_s = timed(lambda row=row, key=key, got=got: got.append(row.get(key)))
+                if got != [size]:
+                    raise RuntimeError(f"{row.store}/{row.client}: read back {got} bytes, want {size}")
+                row.delete(key)
+                if not row.client.endswith("(get only)"):
+                    samples.setdefault((row.store, row.client, "put"), []).append(size / put_s / 1e9)
+                samples.setdefault((row.store, row.client, "get"), []).append(size / get_s / 1e9)
+        notes = {(row.store, row.client): row.note for row in rows}
+    table = []
+    for (store, client, op), values in samples.items():
+        low, high = bootstrap_ci(values)
+        table.append(
+            {
+                "store": store,
+                "client": client,
+                "op": op,
+                "GB/s median": round(statistics.median(values), 3),
+                "ci95": f"[{low:.3f}, {high:.3f}]",
+                "runs": len(values),
+                "samples": [round(v, 4) for v in values],
+                "how": notes[(store, client)],
+            }
+        )
+    headers = ["store", "client", "op", "GB/s median", "ci95", "runs"]
+    extra = {"size": size, "part_size": part, "in_flight": args.in_flight, "repeat": args.repeat}
+    emit("azure_gcs_clients", table, headers, extra)
+
+
+if __name__ == "__main__":
+    main()
