@@ -24,6 +24,7 @@ import pytest
 from asyncckpt import (
     AsyncCheckpointer,
     CheckpointManager,
+    ChecksumMismatchError,
     ConfigError,
     MiB,
     StorageError,
@@ -81,6 +82,25 @@ async def test_save_load_many_blocks_then_replace_and_delete(
     )
     assert loaded.operation == "load" and loaded.size_bytes == size
     assert await asyncio.to_thread(blobs, ep, az_container) == []
+
+
+def corrupt(ep: AzureEndpoint, container: str, key: str, offset: int) -> None:
+    """Replace the committed blob with one byte flipped (an independent client's Put Blob)."""
+    body = bytearray(blob(ep, container, key) or b"")
+    body[offset] ^= 0xFF
+    headers = {"x-ms-blob-type": "BlockBlob", "Content-Type": "application/octet-stream"}
+    status, answer = ep.request("PUT", f"/{container}/{key}", body=bytes(body), headers=headers)
+    assert status == 201, answer
+
+
+async def test_a_flipped_byte_is_refused_on_load(azurite_endpoint: AzureEndpoint, az_container: str) -> None:
+    ep, uri = azurite_endpoint, f"az://{az_container}/flip.bin"
+    async with checkpointer(ep) as ckpt:
+        await ckpt.save(uri, 2 * PART)
+        await asyncio.to_thread(corrupt, ep, az_container, "flip.bin", PART + 17)
+        with pytest.raises(ChecksumMismatchError) as info:
+            await ckpt.load(uri)
+    assert "flip.bin" in str(info.value) and "chunk 1 of 2" in str(info.value)
 
 
 async def test_state_step_and_manager_round_trips(azurite_endpoint: AzureEndpoint, az_container: str) -> None:
