@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import http.server
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -216,6 +219,36 @@ async def test_503_is_unavailable_after_retries(busy_port: int) -> None:
     )
 
 
+@pytest.mark.parametrize("mode", ["wrong key", "wrong sas", "closed port"])
+def test_secret_sweep(azurite_endpoint: AzureEndpoint, az_container: str, mode: str, tmp_path: Path) -> None:
+    """A distinctive key or SAS reaches no output channel (library and CLI, DEBUG logs)."""
+    ep = azurite_endpoint
+    secret = distinct = base64.b64encode(f"Sweep-{uuid.uuid4().hex}-Secret".encode()).decode()
+    credential = "sas_token" if mode == "wrong sas" else "account_key"
+    endpoint = ep.account_url if mode != "closed port" else f"http://127.0.0.1:{free_port()}/{ep.account}"
+    if mode == "wrong sas":
+        secret = f"sv=2021-08-06&ss=b&srt=sco&sp=rwdlac&se=2099-01-01T00:00:00Z&sig={distinct}"
+    options = {"account": ep.account, credential: secret, "endpoint_url": endpoint}
+    spec = {"options": options, "uri": f"az://{az_container}/sweep.bin"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_", "AZURE_"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.azure_sweep_driver", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT)},
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    outcome = "StorageError" if mode == "closed port" else "StoragePermissionError"
+    assert f"LIBRARY-OUTCOME {outcome}" in proc.stdout, output[-3000:]
+    assert "CLI-EXIT 1" in proc.stdout, output[-3000:]
+    leaked = [line[:300] for line in output.splitlines() if distinct in line]
+    assert not leaked, leaked
+    assert "Secret('**********')" in proc.stdout
+
+
 def test_settings_from_the_connection_string_never_print_secrets(azurite_endpoint: AzureEndpoint) -> None:
     ep = azurite_endpoint
     env = {"AZURE_STORAGE_CONNECTION_STRING": ep.connection_string().reveal()}
@@ -253,6 +286,10 @@ def test_bad_settings_are_refused_before_any_io() -> None:
     with pytest.raises(ConfigError, match=r"account key \(backend_options\) is not valid base64") as info:
         AzureSettings.resolve({"account": "a", "account_key": "not base64!"}, env={})
     assert "not base64!" not in str(info.value)
+    with pytest.raises(
+        ConfigError, match=r"SAS token \(environment AZURE_STORAGE_SAS_TOKEN\) is not a query"
+    ):
+        AzureSettings.resolve({}, env={"AZURE_STORAGE_ACCOUNT": "a", "AZURE_STORAGE_SAS_TOKEN": "justsecret"})
     with pytest.raises(ConfigError, match="not valid base64"):  # at construction, no URI yet
         AsyncCheckpointer(backend_options={"account": "a", "account_key": "not base64!"})
     with pytest.raises(ConfigError, match="must look like http"):
