@@ -37,6 +37,7 @@ from asyncckpt import (
 )
 from asyncckpt.secrets import Secret
 from asyncckpt.servers.azurite import ACCOUNT_KEY, AzureEndpoint
+from asyncckpt.sinks import leftovers
 from asyncckpt.sinks.azure.config import AzureSettings, parse_az_uri
 from asyncckpt.sinks.registry import capabilities
 
@@ -147,6 +148,22 @@ async def test_nothing_visible_before_commit_and_abort_leaves_nothing(
             await ckpt.save(f"az://{az_container}/f.bin", 6 * PART, progress=fail_after_two_chunks)
     assert seen and all(listed == [] for listed in seen)
     assert await asyncio.to_thread(blobs, ep, az_container) == []
+
+
+async def test_a_failed_save_leaves_nothing_for_cleanup(
+    azurite_endpoint: AzureEndpoint, az_container: str
+) -> None:
+    """Blocks of a save that never committed are invisible; cleanup has nothing to list."""
+    ep = azurite_endpoint
+    async with checkpointer(ep) as ckpt:
+        with pytest.raises(RuntimeError, match="stop"):
+            await ckpt.save(f"az://{az_container}/p/k.bin", 4 * PART, progress=stop_at_once)
+    assert await leftovers.find(f"az://{az_container}/p") == []
+    assert await asyncio.to_thread(blobs, ep, az_container) == []
+
+
+def stop_at_once(nbytes: int) -> None:
+    raise RuntimeError("stop")
 
 
 def free_port() -> int:
