@@ -134,7 +134,7 @@ def import_backend(name: str) -> None:
     if name in S3_BACKENDS:
         sink_class(name).import_library()
     elif name in AZURE_BACKENDS:
-        azure_sink_class(name)  # a sink module may defer its library
+        azure_sink_class(name).import_library()  # a sink module may defer its library
 
 
 def make_sink(uri: str, *, backend: str | None, executor: Executor, options: SinkOptions) -> Sink:

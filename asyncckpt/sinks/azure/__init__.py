@@ -1,8 +1,9 @@
 """Azure Blob sinks (``az://container/key``), one class per client library, imported only when
 used (the library is an optional extra).
 
-The backend is named ``obstore-azure``, not ``obstore``: a backend name is global (capabilities
-are asked of it without a URI) and ``obstore`` already names obstore's S3 sink.
+``obstore-azure`` is the default (it takes an account key or a SAS and fails fast on a dead
+endpoint); ``s3dlio-azure`` takes a SAS only. The names say the store: a backend name is global
+(capabilities are asked of it without a URI) and ``obstore`` already names obstore's S3 sink.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..base import Sink
 #: backend name → (module in this package, class, importable package, pip extra)
 AZURE_BACKENDS: dict[str, tuple[str, str, str, str]] = {
     "obstore-azure": ("obstore_sink", "AzureObstoreSink", "obstore", "obstore"),
+    "s3dlio-azure": ("s3dlio_sink", "AzureS3dlioSink", "s3dlio", "s3dlio"),
 }
 AZURE_DEFAULT = "obstore-azure"
 
