@@ -30,6 +30,7 @@ from asyncckpt import (
     ChecksumMismatchError,
     ConfigError,
     MiB,
+    StallError,
     StorageError,
     StoragePermissionError,
     TargetNotFoundError,
@@ -222,6 +223,31 @@ async def test_error_table(
         assert "cannot reach the endpoint" in text
     if case == "missing container":
         assert "no-such-container" in text
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that completes TCP handshakes (the kernel's backlog) and never answers: what a
+    stopped server looks like."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_silent_endpoint_ends_in_a_stall_error(
+    azurite_endpoint: AzureEndpoint, silent_port: int, backend: str
+) -> None:
+    """s3dlio retries such an endpoint for over a minute; the watchdog ends the save."""
+    opts = options(azurite_endpoint, backend, endpoint_url=f"http://127.0.0.1:{silent_port}/devstoreaccount1")
+    started = asyncio.get_running_loop().time()
+    async with AsyncCheckpointer(
+        chunk_size=PART, stall_timeout=2.0, backend=backend, backend_options=opts
+    ) as ckpt:
+        with pytest.raises(StallError):
+            await ckpt.save("az://c-1/x.bin", 2 * PART)
+    assert asyncio.get_running_loop().time() - started < 30
 
 
 def test_s3dlio_refuses_an_account_key_before_any_io(azurite_endpoint: AzureEndpoint) -> None:
