@@ -18,7 +18,7 @@ from .errors import ConfigError
 
 MASK = "**********"
 #: backend option names whose values are secrets
-SECRET_OPTIONS = ("secret_access_key", "session_token")
+SECRET_OPTIONS = ("secret_access_key", "session_token", "account_key", "sas_token", "connection_string")
 #: backend option names holding endpoint URLs (one, or a list / comma list)
 URL_OPTIONS = ("endpoint_url", "endpoints")
 

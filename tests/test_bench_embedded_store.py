@@ -1,5 +1,6 @@
 """``python -m asyncckpt.bench --embedded-store azure|gcs``: start, create, refuse the target
-(no az:// / gs:// backend yet), stop; one line on stderr, rc 2, no secret, nothing left."""
+(gcs: no gs:// backend yet; azure runs, tests/test_azure.py), stop; one line on stderr, rc 2, no
+secret, nothing left."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def bench(*args: str, path: str | None = None) -> subprocess.CompletedProcess[st
     )
 
 
-@pytest.mark.parametrize(("kind", "scheme"), [("azure", "az"), ("gcs", "gs")])
+@pytest.mark.parametrize(("kind", "scheme"), [("gcs", "gs")])
 def test_embedded_store_starts_creates_refuses_and_stops(
     kind: str, scheme: str, request: pytest.FixtureRequest
 ) -> None:
@@ -42,7 +43,9 @@ def test_embedded_store_starts_creates_refuses_and_stops(
     assert started, done.stderr
     assert done.returncode == 2 and "Traceback" not in done.stderr
     error = [line for line in done.stderr.splitlines() if line.startswith("asyncckpt.bench: error:")]
-    assert len(error) == 1 and f"no backend for '{scheme}://asyncckpt-bench/checkpoint.bin' yet" in error[0]
+    assert (
+        len(error) == 1 and f"'{scheme}://asyncckpt-bench/checkpoint.bin': asyncckpt has no gs://" in error[0]
+    )
     assert refused(started.group(1))  # stopped at exit
     sas_signature = AzureEndpoint("http://unused").sas().reveal().rsplit("sig=", 1)[1]  # the key's SAS
     for secret in (ACCOUNT_KEY.reveal(), sas_signature):

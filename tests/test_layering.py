@@ -65,6 +65,8 @@ LAYER = {name: level for level, names in enumerate(LAYERS) for name in names}
 DYNAMIC_IMPORTS = {
     "asyncckpt.sinks.s3": "the backend registry: S3_BACKENDS names each backend's module, loaded "
     "on first use because it imports a heavy optional client library at its top",
+    "asyncckpt.sinks.azure": "the Azure backend table: AZURE_BACKENDS names each backend's module, "
+    "loaded on first use because it imports an optional client library at its top",
     "asyncckpt.moved": "the old import paths: MOVED names the module each old path now is",
     "asyncckpt.engine.dtypes": "optional third-party dtype libraries (torch, ml_dtypes), by name",
 }
@@ -452,7 +454,7 @@ def test_storage_is_asked_by_capability_outside_sinks() -> None:
 
 
 #: store-generic packages and the store-specific packages they must not know
-STORE_GENERIC = {"asyncckpt.sinks.objstore": ("asyncckpt.sinks.s3",)}
+STORE_GENERIC = {"asyncckpt.sinks.objstore": ("asyncckpt.sinks.s3", "asyncckpt.sinks.azure")}
 
 
 def test_the_object_store_protocols_know_no_store() -> None:

@@ -114,11 +114,15 @@ def _listing_sink(uri: str, options: dict[str, Any]) -> Any:
 async def find(
     uri: str, older_than: float | None = None, options: dict[str, Any] | None = None
 ) -> list[Leftover]:
-    """The leftovers at ``uri``: a directory or file path, or an ``s3://bucket/prefix``."""
+    """The leftovers at ``uri``: a directory or file path, or an ``s3://bucket/prefix``. An
+    ``az://`` prefix has none a client can see or needs to remove: the blocks of a save that never
+    committed are listed nowhere and Azure discards them by itself (after about 7 days)."""
+    if scheme_of(uri) == "az":
+        return []
     if scheme_of(uri) == "s3":
         return await s3_leftovers(uri, older_than, options or {})
     if scheme_of(uri) not in ("", "file", "direct"):
-        raise ConfigError(f"cleanup works on files and s3:// prefixes, not {uri!r}")
+        raise ConfigError(f"cleanup works on files, s3:// and az:// prefixes, not {uri!r}")
     return await asyncio.to_thread(file_leftovers, uri, older_than)
 
 

@@ -10,11 +10,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, UnsupportedSchemeError
+from .azure import AZURE_BACKENDS, AZURE_DEFAULT, azure_factory, azure_sink_class
+from .azure.config import OPTION_KEYS as AZURE_OPTION_KEYS
 from .base import Sink, SinkOptions
 from .direct import DirectFileSink
 from .file import FileSink, path_from_uri
 from .memory import MemorySink, NullSink
 from .s3 import S3_BACKENDS, auto_backend, factory, make_auto, sink_class
+from .s3.config import OPTION_KEYS as S3_OPTION_KEYS
 
 SinkFactory = Callable[..., Sink]
 
@@ -26,6 +29,7 @@ BACKENDS: dict[str, SinkFactory] = {
     "memory": MemorySink,
     "s3": make_auto,  # s3dlio when installed, else aiobotocore
     **{name: factory(name) for name in S3_BACKENDS},
+    **{name: azure_factory(name) for name in AZURE_BACKENDS},
 }
 #: URI scheme → default backend name
 SCHEMES: dict[str, str] = {
@@ -35,6 +39,13 @@ SCHEMES: dict[str, str] = {
     "null": "null",
     "memory": "memory",
     "s3": "s3",
+    "az": AZURE_DEFAULT,
+}
+#: schemes known to have no backend, and why (a clearer answer than "unsupported scheme")
+NO_BACKEND: dict[str, str] = {
+    "gs": "asyncckpt has no gs:// (Google Cloud Storage) backend yet (issue 28): obstore writes through "
+    "GCS's XML API, which the test emulator fake-gcs-server refuses (400 invalid uploadType), and the "
+    "s3dlio wheel is built without GCS; see docs/azure-gcs.md",
 }
 
 
@@ -66,6 +77,8 @@ def resolve_backend(uri: str, backend: str | None = None) -> str:
     must not run in the caller) sees the library that will really run.
     """
     scheme = scheme_of(uri)
+    if scheme in NO_BACKEND and scheme not in SCHEMES:
+        raise UnsupportedSchemeError(f"{uri!r}: {NO_BACKEND[scheme]}")
     if scheme not in SCHEMES:
         known = ", ".join(f"{s}://" for s in sorted(SCHEMES) if s) + ", or a plain path"
         raise UnsupportedSchemeError(f"unsupported URI scheme {scheme!r} in {uri!r}; use {known}")
@@ -81,6 +94,8 @@ def backend_class(name: str) -> type[Sink]:
     it, never the client library itself."""
     if name in S3_BACKENDS:
         return sink_class(name)
+    if name in AZURE_BACKENDS:
+        return azure_sink_class(name)
     check_backend(name)
     factory = BACKENDS[name]
     if not (isinstance(factory, type) and issubclass(factory, Sink)):
@@ -89,11 +104,15 @@ def backend_class(name: str) -> type[Sink]:
 
 
 def check_backend_options(backend: str | None, options: Mapping[str, Any]) -> None:
-    """``options`` checked by the backend that takes them (``backend``, or when the URI will
-    choose it, the ``s3://`` scheme's: the only scheme with settings today); no I/O, nothing
-    imported but asyncckpt's module for the backend."""
-    if options:
-        backend_class(auto_backend() if backend in (None, "s3") else backend).check_options(options)
+    """``options`` checked by the backend that takes them; with no backend named (the URI, not
+    known here, will choose it) by the ``s3://`` scheme's, unless they are Azure options S3 does
+    not know (``account_key``, ...): then by the ``az://`` scheme's. The sink checks them again
+    against its own scheme, still before any I/O. Nothing imported but asyncckpt's modules."""
+    if not options:
+        return
+    if backend is None and not set(options) <= S3_OPTION_KEYS and set(options) <= AZURE_OPTION_KEYS:
+        backend = AZURE_DEFAULT
+    backend_class(auto_backend() if backend in (None, "s3") else backend).check_options(options)
 
 
 def capabilities(uri: str, backend: str | None = None) -> type[Sink]:
@@ -116,7 +135,9 @@ def import_backend(name: str) -> None:
     """Import the module and client library of backend ``name`` (blocking: ``import s3dlio``
     takes over a second, so a checkpointer does it in a thread before its first sink)."""
     if name in S3_BACKENDS:
-        sink_class(name).import_library()  # a sink module may defer its library
+        sink_class(name).import_library()
+    elif name in AZURE_BACKENDS:
+        azure_sink_class(name).import_library()  # a sink module may defer its library
 
 
 def make_sink(uri: str, *, backend: str | None, executor: Executor, options: SinkOptions) -> Sink:

@@ -40,7 +40,7 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 
 #: backend_options key → environment variable(s), first set wins (defined in asyncckpt.env)
 _ENV_KEYS = env_vars.AWS_VARIABLES
-_OPTION_KEYS = frozenset(
+OPTION_KEYS = frozenset(
     {*_ENV_KEYS, "path_style", "part_size", "max_in_flight", "payload_signing", "checksums"}
     | {"max_attempts", "connect_timeout", "request_timeout", "dotenv", "endpoints", "lb_strategy"}
 )
@@ -188,10 +188,10 @@ class S3Settings:
         cls, options: Mapping[str, Any], env: Mapping[str, str] | None = None, cwd: Path | None = None
     ) -> S3Settings:
         """Merge ``options`` > ``env`` (default os.environ) > ``.env``; validate everything."""
-        unknown = sorted(set(options) - _OPTION_KEYS)
+        unknown = sorted(set(options) - OPTION_KEYS)
         if unknown:
             raise ConfigError(
-                f"unknown S3 backend option(s) {', '.join(unknown)}; known: {', '.join(sorted(_OPTION_KEYS))}"
+                f"unknown S3 backend option(s) {', '.join(unknown)}; known: {', '.join(sorted(OPTION_KEYS))}"
             )
         env = env_vars.environ(env)
         dotenv: Mapping[str, str] = {}
