@@ -12,6 +12,10 @@ committed step under ``ROOT`` (a 1-node reload); writes ``OUT/reload.json``.
 ``LOCAL/state.safetensors``, or loads it back and writes what happened to ``OUT``.
 ``put URI TAG`` / ``check URI TAG``: save the state of ``TAG`` to ``URI``; load it back verified
 (exit status 1 when it differs).
+``tiers OUT LOCAL ROOT save|restore torch|mpi`` (one rank of a job spanning both nodes): a
+tiered manager with its local tier at ``LOCAL`` (the same path on both nodes, each node's own
+disk) and the remote ``ROOT``; ``save`` commits steps 1 and 2 and waits for their drains,
+``restore`` restores the newest step into fresh arrays. Writes ``OUT/tiers-<phase>-<r>.json``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncckpt import AsyncCheckpointer
+from asyncckpt import AsyncCheckpointer, CheckpointManager
 from asyncckpt.errors import AsyncCkptError
 from asyncckpt.node import launcher, topology
 from asyncckpt.node.collectives import get_collectives, job_comm
@@ -94,6 +98,26 @@ async def job(out: Path, local: Path, root: str, phases: dict[str, float]) -> No
     await asyncio.to_thread((out / f"rank{rank}.json").write_text, json.dumps(record))
 
 
+async def tiers(out: Path, local: Path, root: str, phase: str) -> None:
+    """Steps through a node-local tier drained to ``root``, or a restore from the nearest tier."""
+    rank, _ = topology.world()
+    async with CheckpointManager(root, local=local, keep_local=1, keep_last=2, **REMOTE) as mgr:
+        record: dict[str, Any] = {"rank": rank, "hostname": socket.gethostname()}
+        if phase == "save":
+            for step in (1, 2):  # step 1 remote-committed before step 2's local commit prunes it
+                await mgr.maybe_save(step, state_of(rank, step))
+                await mgr.wait()
+        else:
+            into = state_of(rank, 0)
+            step = await mgr.restore(into=into)
+            record.update(step=step, equal=step is not None and same(into, rank, step))
+        assert mgr.stats.tiers is not None
+        tier_stats = mgr.stats.tiers.as_dict()
+    names = await asyncio.to_thread(lambda: sorted(str(p.relative_to(local)) for p in local.rglob("*")))
+    record.update(local=names, tiers=tier_stats)
+    await asyncio.to_thread((out / f"tiers-{phase}-{rank}.json").write_text, json.dumps(record))
+
+
 async def reload(out: Path, root: str, world: int) -> None:
     async with AsyncCheckpointer(**REMOTE) as ckpt:
         step = await latest_step(ckpt, root)
@@ -149,6 +173,16 @@ def main(argv: list[str]) -> None:
         mark(phases, "joined_group")
         try:
             asyncio.run(job(Path(args[0]), Path(args[1]), args[2], phases))
+        finally:
+            dist.destroy_process_group()
+    elif mode == "tiers" and args[4] == "mpi":
+        asyncio.run(tiers(Path(args[0]), Path(args[1]), args[2], args[3]))
+    elif mode == "tiers":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        try:
+            asyncio.run(tiers(Path(args[0]), Path(args[1]), args[2], args[3]))
         finally:
             dist.destroy_process_group()
     elif mode == "reload":

@@ -136,6 +136,37 @@ def test_save_step_from_both_nodes_commits_and_one_node_reload_verifies(job: dic
     assert job["reload"] == {"step": 1, "world": 4, "objects": names, "verified": [True] * 4}
 
 
+def test_a_tiered_job_drains_every_node_and_a_lost_node_restores_from_the_remote(
+    node_bed: nodes.Bed, bed_store: tuple[S3Endpoint, str], tmp_path: Path
+) -> None:
+    """Issue 26 across real nodes: each node's local tier (one path, each node's own disk)
+    holds only its ranks' objects and the step's commit record; the remote holds every rank's.
+    Node A's disk is wiped: its ranks restore the newest step from the remote, node B's from
+    their own disk, all with the saved values."""
+    ep, bucket = bed_store
+    local = node_bed.local / "tiers"
+    for node in node_bed.nodes:
+        (node.disk / "tiers").mkdir()
+    env = child_env(**ep.env(), AWS_EC2_METADATA_DISABLED="true", **nodes.MPI_ROOT_ENV)
+    job = ["-m", "tests.nodes_child", "tiers", str(tmp_path), str(local), f"s3://{bucket}/tiers"]
+    finish([start(n, cmd, env) for n, cmd in mpirun_on(node_bed, [*job, "save"])], JOB_TIMEOUT_S)
+    saved = [json.loads((tmp_path / f"tiers-save-{r}.json").read_text()) for r in range(4)]
+    assert saved[0]["tiers"]["remote_committed"] == [1, 2]
+    hosts = {r["hostname"]: [p["rank"] for p in saved if p["hostname"] == r["hostname"]] for r in saved}
+    for r in saved:  # keep_local=1: step 2 only, this node's objects only
+        objects = [n for n in r["local"] if n.endswith(".safetensors")]
+        assert objects == [f"step-2/rank-{p}-of-4.safetensors" for p in hosts[r["hostname"]]]
+        assert "step-2/COMMITTED.json" in r["local"] and not any(n.startswith("step-1") for n in r["local"])
+    lost = next(n for n in node_bed.nodes if n.hostname == saved[0]["hostname"])
+    shutil.rmtree(lost.disk / "tiers")  # node A is replaced: an empty local disk
+    (lost.disk / "tiers").mkdir()
+    finish([start(n, cmd, env) for n, cmd in mpirun_on(node_bed, [*job, "restore"])], JOB_TIMEOUT_S)
+    restored = [json.loads((tmp_path / f"tiers-restore-{r}.json").read_text()) for r in range(4)]
+    for r in restored:
+        tier = "remote" if r["hostname"] == lost.hostname else "local"
+        assert (r["step"], r["equal"], r["tiers"]["restored_from"][0]) == (2, True, tier), r
+
+
 def test_deleting_one_nodes_local_directory_leaves_the_other(fresh_bed: nodes.Bed, tmp_path: Path) -> None:
     env, local = child_env(), str(fresh_bed.local)
     a, b = fresh_bed.nodes

@@ -17,6 +17,7 @@ import pytest
 from asyncckpt import AsyncCheckpointer, CheckpointManager
 from asyncckpt.drain import drain_object
 from asyncckpt.errors import ChecksumMismatchError, ConfigError, NoSpaceError
+from asyncckpt.sinks.registry import resolve_backend
 from asyncckpt.steps import COMMIT
 
 from .conftest import mounted
@@ -241,6 +242,18 @@ def test_the_local_root_must_not_be_the_remote_root(tmp_path: Path) -> None:
         CheckpointManager(tmp_path, local=tmp_path, **OPTIONS)
     with pytest.raises(ConfigError, match="overlap"):
         CheckpointManager(tmp_path, local=tmp_path / "local", **OPTIONS)
+
+
+def test_an_explicit_s3_backend_chooses_the_remotes_library_not_the_local_tiers(tmp_path: Path) -> None:
+    """``backend="aiobotocore"`` names the S3 library; it refused the local tier (a directory,
+    served by files) as "not a local directory path" (found on the two-node bed)."""
+    mgr = CheckpointManager("s3://bucket/run", local=tmp_path, backend="aiobotocore", **OPTIONS)
+    storage = mgr.ckpt.storage
+    assert storage.route("s3://bucket/run/x")[0] == "aiobotocore"
+    assert storage.route(str(tmp_path / "x"))[0] == "file"
+    assert resolve_backend("direct:///tmp/x", "file") == "file"  # files: the kind is the same
+    assert resolve_backend("/tmp/x", "direct") == "direct"
+    assert resolve_backend("az://c/k", "aiobotocore") == "obstore-azure"  # Azure's own default
 
 
 async def test_a_full_local_disk_deletes_undrained_steps_beyond_keep_local_and_says_so(

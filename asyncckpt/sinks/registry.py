@@ -70,7 +70,8 @@ def check_backend(name: str) -> None:
 
 
 def resolve_backend(uri: str, backend: str | None = None) -> str:
-    """The name of the library that will serve ``uri``: explicit, else the scheme's default.
+    """The name of the library that will serve ``uri``: ``backend`` when it serves the URI's
+    kind of store (files, S3, Azure), else the scheme's default.
 
     ``s3`` (the scheme's default, or asked for by name) is resolved here to the S3 library that
     is installed, so every decision taken from the name (isolation above all: s3dlio's runtime
@@ -84,8 +85,20 @@ def resolve_backend(uri: str, backend: str | None = None) -> str:
         raise UnsupportedSchemeError(f"unsupported URI scheme {scheme!r} in {uri!r}; use {known}")
     if backend is not None:
         check_backend(backend)
-    name = SCHEMES[scheme] if backend is None else backend
+    default = SCHEMES[scheme]
+    name = backend if backend is not None and _kind(backend) == _kind(default) else default
     return auto_backend() if name == "s3" else name
+
+
+def _kind(name: str) -> str:
+    """The kind of store a backend serves: an explicit ``backend`` chooses the library for the
+    URIs of its kind only (a tiered manager's ``backend="aiobotocore"`` is for its ``s3://``
+    remote; its local tier stays files)."""
+    if name == "s3" or name in S3_BACKENDS:
+        return "s3"
+    if name in AZURE_BACKENDS:
+        return "az"
+    return "file" if name in ("file", "direct") else name
 
 
 def backend_class(name: str) -> type[Sink]:
