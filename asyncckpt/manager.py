@@ -16,6 +16,7 @@ first failure of that background work (``raise_on_failure=False``: logged and co
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import importlib.metadata
 import logging
@@ -133,6 +134,7 @@ class CheckpointManager:
         if not callable(clock):
             raise ConfigError(f"clock must be a callable returning seconds, got {clock!r}")
         self.preempt = Preemption(save_on_signal, preempt_deadline_s, on_preempt)
+        self._stop_drains = False  # set by a preemption that ends the run (raise, exit, deadline)
         when_busy = modes.parse("when_busy", when_busy, WhenBusy, fold=False)
         staging = modes.parse("staging", staging, StagingMode, fold=False)
         if checkpointer is not None and options:
@@ -214,8 +216,8 @@ class CheckpointManager:
         for task in (self._deleting, self._reserving):
             if task is not None and not orphaned(task):
                 await asyncio.wait([task])
-        if self.tiers is not None:
-            await self.tiers.wait()
+        if self.tiers is not None:  # a preempted run stops its drains: the next start resumes them
+            await (self.tiers.stop() if self._stop_drains else self.tiers.wait())
         failures, self._unraised = self._unraised, []
         if failures and self.raise_on_failure:
             raise failures[0]  # the others are in stats.failed and the log
@@ -358,9 +360,16 @@ class CheckpointManager:
             record = await self.preempt.save(
                 step, job, lambda task: self._track(step, task, late=True), latest
             )
+            if self.tiers is not None:  # the deadline's rest for the drain: say where the step got
+                tier = await self.tiers.reached(step, self.preempt.remaining())
+                record = self.preempt.record = dataclasses.replace(record, tier=tier)
+        except BaseException:
+            self._stop_drains = True  # a run that is ending: its close must not wait for drains
+            raise
         finally:
             self.stats.preempted = self.preempt.record
         outcome = self.preempt.outcome(record)
+        self._stop_drains = outcome is not None
         if isinstance(outcome, SystemExit):
             await self.aclose()
         if outcome is not None:

@@ -76,6 +76,10 @@ class PreemptRecord:
     object_durable_s: float | None  # from the signal until this rank's object was durable
     committed_s: float | None  # from the signal until every rank's object was and the step committed
     deadline_met: bool
+    #: tiered managers: where the step was when the deadline's time ran out or its drain ended:
+    #: "remote" (remote-committed), "drained" (this rank's object remote, the commit rank 0's) or
+    #: "local" (committed on the local tier only; drained at the next start); None untiered
+    tier: str | None = None
 
 
 class Preemption:
@@ -203,6 +207,10 @@ class Preemption:
             message = self._missed(record, latest())
             raise PreemptDeadlineError(message, step=step, signum=self._current or None)
         return record
+
+    def remaining(self) -> float:
+        """Seconds left of the current preemption's deadline (negative once it passed)."""
+        return self.deadline_s - (now() - self._at[0])
 
     def _missed(self, record: PreemptRecord, latest: int | None) -> str:
         obj = "durable" if record.object_durable_s is not None else "not durable yet"

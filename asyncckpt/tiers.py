@@ -21,6 +21,7 @@ manager's policies (``keep_last``, ...) apply to the remote root after each remo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -87,6 +88,8 @@ class TierStats:
     #: local steps deleted before their remote commit because the local disk was full
     dropped_local: list[tuple[int, str]] = field(default_factory=list)
     restored_from: tuple[str, str] | None = None  # (tier, why)
+    #: drains (and remote commits) stopped by a preempted run's close: they resume at the next start
+    drains_left: list[int] = field(default_factory=list)
 
     def of(self, step: int) -> StepTiers:
         return self.steps.setdefault(step, StepTiers(step))
@@ -161,6 +164,9 @@ class Tiers:
         self._logged: set[int] = set()
         self._began: dict[int, asyncio.Event] = {}
         self._local_done: dict[int, asyncio.Event] = {}
+        #: set once this rank knows where its drain of the step ended: drained or failed (rank 0:
+        #: once the remote commit is written or has failed), or skipped
+        self._settled: dict[int, asyncio.Event] = {}
         #: the drains' own checkpointer (same config): a save holds its runtime's lock for the whole
         #: write, so a drain through the manager's would hold the next local save behind it
         self._drainer: AsyncCheckpointer | None = None
@@ -243,6 +249,7 @@ class Tiers:
             self._skip_next = False
             self.stats.drains_skipped.append(step)
             mine.state = "skipped"
+            self._settle(step)
         else:
             self._drain(step, record)
         await self._prune_local()
@@ -255,6 +262,35 @@ class Tiers:
     async def local_committed(self, step: int) -> None:
         """Until ``step`` is committed on the local tier (a hook, like :meth:`drain_began`)."""
         await self._local_done.setdefault(step, asyncio.Event()).wait()
+
+    def _settle(self, step: int) -> None:
+        self._settled.setdefault(step, asyncio.Event()).set()
+
+    async def reached(self, step: int, within_s: float) -> str:
+        """Where ``step`` is, as far as this rank knows, waiting for its drain at most
+        ``within_s`` seconds: ``"remote"`` (remote-committed: rank 0 wrote the record), ``"drained"``
+        (this rank's object is on the remote; the commit is rank 0's) or ``"local"``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._settled.setdefault(step, asyncio.Event()).wait(), max(within_s, 0.0))
+        return {"remote-committed": "remote", "drained": "drained"}.get(self.stats.of(step).state, "local")
+
+    async def stop(self) -> None:
+        """Stop the drains and remote commits still running (a preempted run's close must not
+        outlive its deadline for them): their uploads are aborted, nothing half-written is
+        published, and the next start drains those committed local steps again."""
+        pending = [t for t in self._running | self._committing if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        left = sorted(
+            s
+            for s, t in self.stats.steps.items()
+            if t.state in ("local", "draining", "drained") and s not in self.stats.drains_left
+        )
+        self.stats.drains_left.extend(left)
+        if left:
+            log.warning("drains of steps %s stopped (preempted); the next start drains them again", left)
 
     async def wait(self) -> None:
         """Until every drain and remote commit started so far has ended."""
@@ -291,11 +327,14 @@ class Tiers:
             done = await self._drain_mine(step, name, base)
         except Exception as exc:
             self._failed(step, exc)
+            self._settle(step)
             return
         if done is not None:
             mine.bytes_drained, mine.drain_s, mine.drain_gb_per_s = done.size, done.seconds, done.gb_per_s
         mine.state = "drained"
-        if coll.is_coordinator:
+        if not coll.is_coordinator:
+            self._settle(step)
+        else:
             task = asyncio.create_task(
                 self._remote_commit(step, record), name=f"asyncckpt-remote-commit {step}"
             )
@@ -363,6 +402,8 @@ class Tiers:
         except Exception as exc:
             self._failed(step, exc)
             return
+        finally:
+            self._settle(step)
         await self._prune_remote(step)
 
     async def _commit_when_complete(self, step: int, record: StepCommit | None) -> None:

@@ -6,6 +6,9 @@ Each rank (one, or several under mpirun) talks to the test through two FIFOs the
 step; once the signal handler ran, the rank writes ``noted`` (``mgr.wait_preempted()``).
 The state of step ``s`` on rank ``r`` is :func:`state_of` (r, s). ``ROOT/result-<rank>.json``
 gets what ended the loop (the error, the exit code) and ``mgr.stats.preempted``.
+``ON_PREEMPT+TIER`` (``exit+fast``, ``exit+slow``, ``exit+outage``): a tiered manager, its local
+tier ``ROOT/local``, its remote ``ROOT/run`` (``fast``), the same capped at 2 kB/s so a drain
+outlasts any deadline (``slow``), or under the file ``ROOT/blocker`` (``outage``: drains fail).
 """
 
 from __future__ import annotations
@@ -34,9 +37,19 @@ def state_of(rank: int, step: int) -> dict[str, Any]:
 async def train(root: Path, on_preempt: str, deadline: float, up: TextIO, go: TextIO) -> dict[str, Any]:
     rank = world()[0]
     options: dict[str, Any] = {"chunk_size": 1 << 20, "num_buffers": 4}
+    on_preempt, _, tier = on_preempt.partition("+")
+    remote = root / "run"
+    if tier:
+        (root / "local").mkdir(exist_ok=True)
+        options.update(local=root / "local", keep_local=2)
+    if tier == "slow":
+        options["drain_bandwidth"] = 2_000
+    if tier == "outage":
+        (root / "blocker").write_text("")
+        remote = root / "blocker" / "run"
     result: dict[str, Any] = {}
     mgr = CheckpointManager(
-        root / "run",
+        remote,
         every_n_steps=2,
         save_on_signal=(signal.SIGTERM,),
         preempt_deadline_s=deadline,
@@ -70,6 +83,8 @@ async def train(root: Path, on_preempt: str, deadline: float, up: TextIO, go: Te
         record = mgr.stats.preempted
         result["record"] = None if record is None else dataclasses.asdict(record)
         result["saved"] = mgr.stats.saved
+        tiers = mgr.stats.tiers
+        result["tiers"] = None if tiers is None else tiers.as_dict()
         result["handler_back"] = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
         (root / f"result-{rank}.json").write_text(json.dumps(result))
     return result

@@ -23,6 +23,7 @@ import pytest
 
 from asyncckpt import AsyncCheckpointer, AsyncCkptError, CheckpointManager, ConfigError
 from asyncckpt.errors import PreemptDeadlineError, PreemptedError
+from asyncckpt.owner import parse_temp
 from asyncckpt.steps import latest_step, read_commit, steps_under
 
 from .launch import ROOT, child_env, free_port
@@ -173,6 +174,44 @@ async def test_sigterm_exits_with_128_plus_signum(tmp_path: Path) -> None:
     out = result(tmp_path)
     assert out["exit"] == 143 and out["handler_back"]
     check_record(out["record"], 3)
+    await assert_committed_exactly(tmp_path / "run", 3, 1)
+
+
+async def test_a_tiered_run_says_the_step_reached_the_remote_within_the_deadline(tmp_path: Path) -> None:
+    with training(tmp_path, "exit+fast") as (proc, ends):
+        err = await asyncio.to_thread(preempt_at, proc, ends, 3)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    out = result(tmp_path)
+    check_record(out["record"], 3)
+    assert out["record"]["tier"] == "remote" and out["tiers"]["drains_left"] == []
+    await assert_committed_exactly(tmp_path / "run", 3, 1)  # the remote copy
+    await assert_committed_exactly(tmp_path / "local", 3, 1)
+
+
+@pytest.mark.parametrize("tier", ["slow", "outage"])
+async def test_a_tiered_run_whose_drain_cannot_finish_exits_with_the_step_local(
+    tmp_path: Path, tier: str
+) -> None:
+    """A drain slower than the deadline (2 kB/s: minutes for the step) or failing: the step is
+    committed locally within the deadline, the record says "local", the exit does not wait for
+    the drains (they are stopped, nothing half-written on the remote), and the next start
+    drains the preempted step to the remote."""
+    with training(tmp_path, f"exit+{tier}", deadline="3") as (proc, ends):
+        err = await asyncio.to_thread(preempt_at, proc, ends, 3)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    out = result(tmp_path)
+    record = out["record"]
+    assert (record["step"], record["deadline_met"], record["tier"]) == (3, True, "local")
+    await assert_committed_exactly(tmp_path / "local", 3, 1)
+    if tier == "outage":
+        assert [s for s, _ in out["tiers"]["drain_failures"]] == [2, 3]
+        return
+    assert out["tiers"]["drains_left"] == [2, 3]
+    assert [p for p in (tmp_path / "run").rglob("*") if parse_temp(p.name)] == []  # aborted, not left
+    async with CheckpointManager(tmp_path / "run", local=tmp_path / "local", keep_local=2, **OPTIONS) as mgr:
+        await mgr.start()
+        await mgr.wait()
+    assert mgr.stats.tiers is not None and mgr.stats.tiers.resumed == [2, 3]
     await assert_committed_exactly(tmp_path / "run", 3, 1)
 
 
