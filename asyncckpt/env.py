@@ -22,6 +22,8 @@ Variables (meaning; default when unset):
 - ``STORAGE_EMULATOR_HOST``, ``GOOGLE_*`` (:data:`GCS_VARIABLES`): GCS emulator and credentials;
   unset.
 - ``XDG_CACHE_HOME``: where tools asyncckpt installs for tests live (Azurite); ``~/.cache``.
+- a ``.env`` file (``KEY=value`` lines, :func:`dotenv`): the S3 and Azure settings' last
+  source, after ``backend_options`` and the process environment; never exported.
 - launcher variables (``RANK``, ``OMPI_COMM_WORLD_*``, ``SLURM_*``, …, named in
   :mod:`asyncckpt.node.launcher`): rank and world size; a single process.
 
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Final
 
 from . import modes
+from .errors import ConfigError
 
 DATA_GEN: Final = "ASYNCCKPT_DATA_GEN"
 SHARED_MEMORY: Final = "ASYNCCKPT_SHARED_MEMORY"
@@ -208,3 +211,33 @@ def exported(values: Mapping[str, str]) -> Iterator[None]:
         yield
     finally:
         export(saved)
+
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """``KEY=value`` lines (optional ``export``, quotes, ``#`` comments); os.environ untouched."""
+    out: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        name, _, value = line.removeprefix("export ").partition("=")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        elif " #" in value:
+            value = value.split(" #", 1)[0].rstrip()
+        out[name.strip()] = value
+    return out
+
+
+def dotenv(option: object = True, cwd: Path | None = None) -> dict[str, str]:
+    """A store's ``dotenv`` backend option: ``True`` reads ``./.env`` when there is one, a path
+    reads that file (a ConfigError naming it when it is missing), ``False`` reads nothing."""
+    if option is False:
+        return {}
+    path = Path(option) if isinstance(option, (str, os.PathLike)) else (cwd or Path.cwd()) / ".env"
+    if path.is_file():
+        return read_dotenv(path)
+    if option is not True:
+        raise ConfigError(f"backend option dotenv={str(option)!r}: no such file")
+    return {}

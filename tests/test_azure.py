@@ -345,6 +345,31 @@ def test_settings_from_the_connection_string_never_print_secrets(azurite_endpoin
     assert sas.sas_token == Secret("sv=1&sig=zz") and "sig=zz" not in repr(sas)
 
 
+async def test_settings_from_a_dotenv_file_as_for_s3(
+    azurite_endpoint: AzureEndpoint, az_container: str, tmp_path: Path
+) -> None:
+    """A ``.env`` beside the run (or named by ``dotenv``) is the last source: the environment
+    beats it, a named file that is missing is refused naming it, and a save and load on
+    Azurite work with every setting from the file."""
+    ep = azurite_endpoint
+    dotenv = tmp_path / ".env"
+    dotenv.write_text(f"# Azurite\nexport AZURE_STORAGE_CONNECTION_STRING='{ep.connection_string().reveal()}'\n")
+    s = AzureSettings.resolve({}, env={}, cwd=tmp_path)
+    assert (s.account, s.endpoint_url, s.account_key) == (ep.account, ep.account_url, ep.key)
+    assert s.sources["connection_string"] == ".env AZURE_STORAGE_CONNECTION_STRING"
+    assert ep.key.reveal() not in repr(s) + str(s.describe())
+    first = AzureSettings.resolve({}, env={"AZURE_STORAGE_ACCOUNT": "mine"}, cwd=tmp_path)
+    assert first.account == "mine" and first.sources["account"] == "environment AZURE_STORAGE_ACCOUNT"
+    assert AzureSettings.resolve({"dotenv": False, "account": "a"}, env={}, cwd=tmp_path).account_key is None
+    with pytest.raises(ConfigError, match=re.escape(f"dotenv={str(tmp_path / 'nope')!r}: no such file")):
+        AzureSettings.resolve({"dotenv": str(tmp_path / "nope")}, env={})
+    uri = f"az://{az_container}/from-dotenv.bin"
+    async with AsyncCheckpointer(chunk_size=PART, num_buffers=4, backend_options={"dotenv": str(dotenv)}) as ckpt:
+        saved = await ckpt.save(uri, PART + 7)
+        loaded = await ckpt.load(uri)
+    assert saved.size_bytes == loaded.size_bytes == PART + 7  # the load verified it (CRC32C per chunk)
+
+
 @pytest.mark.parametrize(
     ("uri", "message"),
     [

@@ -2,7 +2,8 @@
 validated once before any I/O.
 
 Precedence: ``backend_options`` > ``AZURE_STORAGE_*`` variables (read through
-:mod:`asyncckpt.env`) > the fields of ``AZURE_STORAGE_CONNECTION_STRING``. The endpoint is the
+:mod:`asyncckpt.env`) > the same variables in a ``.env`` file (backend option ``dotenv``, as
+for S3) > the fields of ``AZURE_STORAGE_CONNECTION_STRING``. The endpoint is the
 *account* URL (``http://127.0.0.1:10000/devstoreaccount1`` for Azurite), given to obstore
 explicitly: ``use_emulator`` would ignore it and go to port 10000 (docs/azure-gcs.md).
 """
@@ -15,6 +16,7 @@ import contextlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,7 +38,7 @@ _CONNECTION_FIELDS = {
 SECRET_FIELDS = ("account_key", "sas_token", "connection_string")
 _ENV_KEYS = {"account", "account_key", "sas_token", "connection_string", "endpoint"}
 OPTION_KEYS = frozenset(
-    {"account", "account_key", "sas_token", "connection_string", "endpoint_url", "ca_bundle"}
+    {"account", "account_key", "sas_token", "connection_string", "endpoint_url", "ca_bundle", "dotenv"}
     | {"part_size", "max_in_flight", "max_attempts", "connect_timeout", "request_timeout"}
 )
 
@@ -112,13 +114,17 @@ class AzureSettings:
         }
 
     @classmethod
-    def resolve(cls, options: Mapping[str, Any], env: Mapping[str, str] | None = None) -> AzureSettings:
-        """Merge ``options`` > ``env`` (default os.environ) > its connection string; validate."""
+    def resolve(
+        cls, options: Mapping[str, Any], env: Mapping[str, str] | None = None, cwd: Path | None = None
+    ) -> AzureSettings:
+        """Merge ``options`` > ``env`` (default os.environ) > ``.env`` > its connection string;
+        validate."""
         unknown = sorted(set(options) - OPTION_KEYS)
         if unknown:
             known = ", ".join(sorted(OPTION_KEYS))
             raise ConfigError(f"unknown Azure backend option(s) {', '.join(unknown)}; known: {known}")
-        raw, sources = _raw_values(options, env)
+        dotenv = env_vars.dotenv(options.get("dotenv", True), cwd)
+        raw, sources = _raw_values({k: v for k, v in options.items() if k != "dotenv"}, env, dotenv)
         values: dict[str, Any] = {k: v for k, v in raw.items() if k != "connection_string"}
         for key in ("account_key", "sas_token"):
             if key in values:
@@ -157,7 +163,7 @@ class AzureSettings:
 
 
 def _raw_values(
-    options: Mapping[str, Any], env: Mapping[str, str] | None
+    options: Mapping[str, Any], env: Mapping[str, str] | None, dotenv: Mapping[str, str]
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """Each setting's value and where it came from, before validation (secrets still raw)."""
     values: dict[str, Any] = {}
@@ -165,11 +171,12 @@ def _raw_values(
     for key, value in options.items():
         if value is not None and key not in ("part_size", "max_in_flight", "max_attempts"):
             values[key], sources[key] = value, "backend_options"
-    for key in _ENV_KEYS:
-        target = "endpoint_url" if key == "endpoint" else key
-        hit = env_vars.azure_variable(key, env)
-        if hit is not None and target not in values:
-            values[target], sources[target] = hit[1], f"environment {hit[0]}"
+    for origin, mapping in (("environment", env), (".env", dotenv)):
+        for key in _ENV_KEYS:
+            target = "endpoint_url" if key == "endpoint" else key
+            hit = env_vars.azure_variable(key, mapping if origin == ".env" else env)
+            if hit is not None and target not in values:
+                values[target], sources[target] = hit[1], f"{origin} {hit[0]}"
     connection = values.get("connection_string")
     if connection is not None:
         text = connection.reveal() if isinstance(connection, Secret) else str(connection)

@@ -16,7 +16,6 @@ part measured here), which also delays everything else the loop serves.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -67,23 +66,6 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     if key.endswith("/"):
         raise ConfigError(f"S3 URI {uri!r} ends with '/', which names a prefix, not an object")
     return bucket, key
-
-
-def read_dotenv(path: Path) -> dict[str, str]:
-    """``KEY=value`` lines (optional ``export``, quotes, ``#`` comments); os.environ untouched."""
-    out: dict[str, str] = {}
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        name, _, value = line.removeprefix("export ").partition("=")
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        elif " #" in value:
-            value = value.split(" #", 1)[0].rstrip()
-        out[name.strip()] = value
-    return out
 
 
 def _bool(name: str, value: object) -> bool:
@@ -194,18 +176,7 @@ class S3Settings:
                 f"unknown S3 backend option(s) {', '.join(unknown)}; known: {', '.join(sorted(OPTION_KEYS))}"
             )
         env = env_vars.environ(env)
-        dotenv: Mapping[str, str] = {}
-        dotenv_opt = options.get("dotenv", True)
-        if dotenv_opt is not False:
-            path = (
-                Path(dotenv_opt)
-                if isinstance(dotenv_opt, (str, os.PathLike))
-                else (cwd or Path.cwd()) / ".env"
-            )
-            if path.is_file():
-                dotenv = read_dotenv(path)
-            elif dotenv_opt is not True:
-                raise ConfigError(f"backend option dotenv={str(dotenv_opt)!r}: no such file")
+        dotenv = env_vars.dotenv(options.get("dotenv", True), cwd)
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
         for key, names in _ENV_KEYS.items():
