@@ -353,7 +353,8 @@ async def test_settings_from_a_dotenv_file_as_for_s3(
     Azurite work with every setting from the file."""
     ep = azurite_endpoint
     dotenv = tmp_path / ".env"
-    dotenv.write_text(f"# Azurite\nexport AZURE_STORAGE_CONNECTION_STRING='{ep.connection_string().reveal()}'\n")
+    line = f"export AZURE_STORAGE_CONNECTION_STRING='{ep.connection_string().reveal()}'"
+    dotenv.write_text(f"# Azurite\n{line}\n")
     s = AzureSettings.resolve({}, env={}, cwd=tmp_path)
     assert (s.account, s.endpoint_url, s.account_key) == (ep.account, ep.account_url, ep.key)
     assert s.sources["connection_string"] == ".env AZURE_STORAGE_CONNECTION_STRING"
@@ -364,7 +365,8 @@ async def test_settings_from_a_dotenv_file_as_for_s3(
     with pytest.raises(ConfigError, match=re.escape(f"dotenv={str(tmp_path / 'nope')!r}: no such file")):
         AzureSettings.resolve({"dotenv": str(tmp_path / "nope")}, env={})
     uri = f"az://{az_container}/from-dotenv.bin"
-    async with AsyncCheckpointer(chunk_size=PART, num_buffers=4, backend_options={"dotenv": str(dotenv)}) as ckpt:
+    opts = {"dotenv": str(dotenv)}
+    async with AsyncCheckpointer(chunk_size=PART, num_buffers=4, backend_options=opts) as ckpt:
         saved = await ckpt.save(uri, PART + 7)
         loaded = await ckpt.load(uri)
     assert saved.size_bytes == loaded.size_bytes == PART + 7  # the load verified it (CRC32C per chunk)
