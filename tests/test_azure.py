@@ -170,13 +170,17 @@ async def test_nothing_visible_before_commit_and_abort_leaves_nothing(
 async def test_a_failed_save_leaves_nothing_for_cleanup(
     azurite_endpoint: AzureEndpoint, az_container: str
 ) -> None:
-    """Blocks of a save that never committed are invisible; cleanup has nothing to list."""
+    """Blocks of a save that never committed are invisible to ordinary listings and reads and
+    are left to Azure's garbage collection (only ``include=uncommittedblobs`` names them); a
+    checkpoint already at that name is untouched; cleanup has nothing it may remove."""
     ep = azurite_endpoint
     async with checkpointer(ep) as ckpt:
+        await ckpt.save(f"az://{az_container}/p/k.bin", PART + 1)  # the previous checkpoint
         with pytest.raises(RuntimeError, match="stop"):
             await ckpt.save(f"az://{az_container}/p/k.bin", 4 * PART, progress=stop_at_once)
+        assert (await ckpt.load(f"az://{az_container}/p/k.bin")).size_bytes == PART + 1
     assert await leftovers.find(f"az://{az_container}/p") == []
-    assert await asyncio.to_thread(blobs, ep, az_container) == []
+    assert await asyncio.to_thread(blobs, ep, az_container) == ["p/k.bin"]
 
 
 def stop_at_once(nbytes: int) -> None:

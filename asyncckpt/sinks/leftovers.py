@@ -116,7 +116,9 @@ async def find(
 ) -> list[Leftover]:
     """The leftovers at ``uri``: a directory or file path, or an ``s3://bucket/prefix``. An
     ``az://`` prefix has none a client can see or needs to remove: the blocks of a save that never
-    committed are listed nowhere and Azure discards them by itself (after about 7 days)."""
+    committed are listed only with ``include=uncommittedblobs``, removable only by committing a
+    block list over that name (a checkpoint there would go), and Azure discards them by itself
+    after about 7 days."""
     if scheme_of(uri) == "az":
         return []
     if scheme_of(uri) == "s3":
