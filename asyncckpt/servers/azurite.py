@@ -29,7 +29,7 @@ from ..env import AZURE_VARIABLES, cache_home, child_environ
 from ..errors import AsyncCkptError, StorageError
 from ..secrets import Secret
 from .azure_auth import account_sas, shared_key_request
-from .emulator_process import AsyncServer, ChildServer, EmulatorUnavailableError, start_with_free_port
+from .emulator_process import ChildEmulator, ChildServer, EmulatorUnavailableError
 from .s3endpoint import RETRY_STATUSES, STARTUP_DEADLINE_S
 
 #: the newest Azurite whose package accepts Debian 12's Node 18 (3.36 asks for Node >= 21, 3.37 for >= 22)
@@ -171,7 +171,7 @@ class AzureEndpoint:
 
 
 @dataclass
-class AzuriteServer(AsyncServer[AzureEndpoint]):
+class AzuriteServer(ChildEmulator[AzureEndpoint]):
     """Azurite's blob service on 127.0.0.1; ``with``/``async with`` yield an :class:`AzureEndpoint`.
 
     ``in_memory`` keeps blobs in Azurite's memory (else in the temporary directory); ``loose``
@@ -181,9 +181,6 @@ class AzuriteServer(AsyncServer[AzureEndpoint]):
     in_memory: bool = True
     loose: bool = True
     install: bool = True
-    detach: bool = False
-    endpoint: AzureEndpoint | None = None
-    child: ChildServer | None = field(default=None, repr=False)
 
     def start(self, timeout: float = 60.0) -> AzureEndpoint:
         program = ensure_azurite(self.install)
@@ -199,20 +196,7 @@ class AzuriteServer(AsyncServer[AzureEndpoint]):
             child.wait_ready(ep.ready, timeout)
             return ep
 
-        self.child, endpoint = start_with_free_port("azurite", launch, detach=self.detach)
-        self.endpoint = endpoint
-        return endpoint
-
-    def stop(self) -> None:
-        if self.child is not None:
-            self.child.stop()
-        self.child, self.endpoint = None, None
-
-    @property
-    def pid(self) -> int | None:
-        """The server's process id (its session and group id too) while running."""
-        proc = self.child.proc if self.child is not None else None
-        return proc.pid if proc is not None else None
+        return self.run("azurite", launch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

