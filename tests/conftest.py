@@ -154,6 +154,12 @@ def checkpoint_data(raw: bytes) -> bytes:
     return data
 
 
+def holds_stream(raw: bytes, size: int, chunk_size: int, seed: int) -> bool:
+    """Whether a stored checkpoint object's data is the synthetic stream of (size, chunk_size,
+    seed). Blocking (unseal, regenerate, compare tens of MB): call it in a thread."""
+    return checkpoint_data(raw) == expected_bytes(size, chunk_size, seed)
+
+
 def to_legacy(path: Path) -> None:
     """Rewrite a sealed checkpoint file as asyncckpt < 0.2 left it: data + sidecar manifest."""
     data, manifest = unseal(path.read_bytes())
