@@ -6,10 +6,10 @@ bytes in a process-global store keyed by URI, so a save can be loaded and compar
 
 from __future__ import annotations
 
-import asyncio
 import errno
 from typing import Any, ClassVar
 
+from ..blocking import run_blocking
 from ..errors import TargetNotFoundError
 from .base import Sink
 
@@ -70,8 +70,9 @@ class MemorySink(Sink):
         self._staging: bytearray | None = None
 
     async def open(self, size: int) -> None:
-        # zero-filling (and, at complete, copying) a whole object: a thread's work, not the loop's
-        self._staging = await asyncio.to_thread(bytearray, size)
+        # zero-filling (and, at complete, copying) a whole object: 0.1 s at 128 MiB, on the
+        # sink's executor (warm threads), not on the loop
+        self._staging = await run_blocking(self.executor, bytearray, size)
 
     async def write_part(self, offset: int, data: memoryview) -> float | None:
         assert self._staging is not None, "write_part before open"
@@ -80,7 +81,7 @@ class MemorySink(Sink):
 
     async def complete(self) -> dict[str, float]:
         assert self._staging is not None, "complete before open"
-        MEMORY_STORE[self.uri] = await asyncio.to_thread(bytes, self._staging)
+        MEMORY_STORE[self.uri] = await run_blocking(self.executor, bytes, self._staging)
         self._staging = None
         return {}
 
