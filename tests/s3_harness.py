@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncckpt.servers.azurite import AzureEndpoint
 from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.sinks import MEMORY_STORE, Sink, SinkOptions, import_backend, make_sink
 from asyncckpt.sinks.s3 import installed
@@ -29,6 +31,7 @@ CHUNK = 5 * MiB  # = the S3 minimum part size: moto stays fast with few, small p
 S3_IN_PROCESS = ("aiobotocore", "minio")
 S3_IN_CHILD = ("s3dlio", "s3torchconnector", "obstore")
 CHILD_ENV = "ASYNCCKPT_TEST_IN_CHILD"
+AZURE_BACKENDS = ("obstore-azure", "s3dlio-azure")  # in this process, as tests/test_azure.py
 
 
 def in_child() -> bool:
@@ -48,8 +51,9 @@ class Target:
     executor: Executor
     tmp: Path
     s3: S3Endpoint | None = None
-    bucket: str = ""
+    bucket: str = ""  # or an Azure container
     options: dict[str, Any] = field(default_factory=dict)
+    az: AzureEndpoint | None = None
 
     def __post_init__(self) -> None:
         """Import the backend's module and client library here, in the (synchronous) fixture,
@@ -63,6 +67,8 @@ class Target:
             return str(self.tmp / name)
         if self.backend == "memory":
             return f"memory://{self.tmp.name}/{name}"
+        if self.az is not None:
+            return f"az://{self.bucket}/{name}"
         return f"s3://{self.bucket}/{name}"
 
     def sink(self, name: str, chunk: int = CHUNK) -> Sink:
@@ -83,6 +89,9 @@ class Target:
             return path.read_bytes() if path.exists() else None
         if self.backend == "memory":
             return MEMORY_STORE.get(self.uri(name))
+        if self.az is not None:
+            status, body = self.az.request("GET", f"/{self.bucket}/{name}")
+            return None if status == 404 else body
         assert self.s3 is not None
         client = self.s3.client()
         try:
@@ -96,9 +105,23 @@ class Target:
             return sorted(p.name for p in self.tmp.iterdir() if p.name.endswith(".partial"))
         if self.backend == "memory":
             return []
+        if self.az is not None:  # blobs with blocks but no block list: what a dead save leaves
+            query = {"restype": "container", "comp": "list", "include": "uncommittedblobs"}
+            status, body = self.az.request("GET", f"/{self.bucket}", query=query)
+            assert status == 200, body
+            names = [n.decode() for n in re.findall(rb"<Name>([^<]*)</Name>", body)]
+            return sorted(set(names) - set(self._committed()))
         assert self.s3 is not None
         listing = self.s3.client().list_multipart_uploads(Bucket=self.bucket)
         return [u["Key"] for u in listing.get("Uploads", [])]
+
+    def _committed(self) -> list[str]:
+        assert self.az is not None
+        status, body = self.az.request(
+            "GET", f"/{self.bucket}", query={"restype": "container", "comp": "list"}
+        )
+        assert status == 200, body
+        return [n.decode() for n in re.findall(rb"<Name>([^<]*)</Name>", body)]
 
 
 def new_bucket(server: S3Endpoint) -> str:

@@ -1,7 +1,9 @@
-"""One contract, every sink: file, memory and each S3 backend against each S3 server of
-``--s3-server`` (moto, a mock, and OpenStack Swift, a real store).
+"""One contract, every sink: file, memory, each S3 backend against each S3 server of
+``--s3-server`` (moto, a mock, and OpenStack Swift, a real store), and each Azure backend on
+Azurite.
 
-The S3 objects are checked with an independent client (boto3), files by reading them.
+The S3 objects are checked with an independent client (boto3), Azure blobs with SharedKey-signed
+REST calls from the standard library, files by reading them.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from pathlib import Path
 import pytest
 
 from asyncckpt import TargetNotFoundError
+from asyncckpt.servers.azurite import AzureEndpoint
 from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.sinks import Sink
 
 from .conftest import ROOT, payload
 from .plugins.s3servers import selected_kinds
-from .s3_harness import CHUNK, Target, in_child, new_bucket, run_child_suite, s3_backends
+from .s3_harness import AZURE_BACKENDS, CHUNK, Target, in_child, new_bucket, run_child_suite, s3_backends
 
 LOCAL = () if in_child() else ("file", "memory")
+AZURE = () if in_child() else AZURE_BACKENDS
 SIZE = 2 * CHUNK + 12345  # three parts, the last one short
 
 
@@ -35,6 +39,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for kind in selected_kinds(metafunc.config):
         marks = [pytest.mark.realstore] if kind == "swift" else []
         params += [pytest.param((b, kind), id=f"{b}-{kind}", marks=marks) for b in s3_backends()]
+    params += [pytest.param((b, "azurite"), id=f"{b}-azurite", marks=[pytest.mark.realstore]) for b in AZURE]
     metafunc.parametrize("target", params, indirect=True)
 
 
@@ -50,6 +55,12 @@ def target(request: pytest.FixtureRequest, executor: ThreadPoolExecutor, tmp_pat
     backend, kind = request.param
     if not kind:
         return Target(backend, executor, tmp_path)
+    if kind == "azurite":
+        ep: AzureEndpoint = request.getfixturevalue("azurite_endpoint")  # skips with the reason if absent
+        # obstore takes the account key; s3dlio has no key mode: a SAS derived from it
+        credential = {"sas_token": ep.sas()} if backend == "s3dlio-azure" else {"account_key": ep.key}
+        opts = {"account": ep.account, **credential, "endpoint_url": ep.account_url, "max_attempts": 1}
+        return Target(backend, executor, tmp_path, bucket=ep.create_container(), options=opts, az=ep)
     s3: S3Endpoint = request.getfixturevalue("s3_servers").get(kind)  # skips with the reason if absent
     return Target(backend, executor, tmp_path, s3=s3, bucket=new_bucket(s3), options=s3.options())
 
@@ -95,13 +106,20 @@ async def test_concurrent_writes_out_of_order(target: Target) -> None:
 
 
 async def test_abort_leaves_nothing(target: Target) -> None:
+    """Nothing visible, nothing to clean. Azure is the one documented exception: a blob's
+    uncommitted blocks have no call that removes them (only committing a block list over the
+    name, which would replace a checkpoint there); Azure discards them after about 7 days
+    (docs/azure-gcs.md)."""
     sink, data = await opened(target, "aborted", SIZE)
     await sink.write_part(0, data[:CHUNK])
     await sink.abort()
     await sink.abort()  # idempotent
     await sink.aclose()
     assert await target.published("aborted") is None
-    assert await target.leftovers() == []
+    # on Azure, whether a block of the aborted blob is up depends on the client's buffering
+    # (obstore puts it in the background; s3dlio had not sent it in a trial): never anything else
+    allowed = {"aborted"} if target.az is not None else set()
+    assert set(await target.leftovers()) <= allowed
 
 
 async def test_small_object_below_one_part(target: Target) -> None:
