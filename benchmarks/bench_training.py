@@ -1,4 +1,5 @@
-"""Checkpointing a real CPU training loop: torch.save, DCP, DCP async, asyncckpt (DCP writer, save_state).
+"""Checkpointing a real CPU training loop: torch.save, DCP, DCP async, asyncckpt (DCP writer, save_state),
+DeepSpeed's FastPersist writer (optional: skipped when deepspeed is not importable).
 
 A torch MLP trained with Adam (model + optimizer state ≈ ``--state-size``) checkpoints every
 ``--every`` steps. Per method, in a fresh child process each (so peak RSS is its own):
@@ -21,6 +22,12 @@ training step; this VM's memory bandwidth drifts); the median over the steady ch
 tight loop (``memcpy_s``, the faster of torch and one NumPy thread): the column
 ``÷ child memcpy``. Methods alternate within each repeat; medians over
 repeats are reported.
+
+``deepspeed_fastpersist``: ``torch.save`` into DeepSpeed's ``FastFileWriter`` (DeepNVMe's libaio
+op, O_DIRECT from a page-locked double buffer; its ``close`` fsyncs), synchronous like
+``torch_save``. It needs ``deepspeed`` and libaio in this Python (not the project's
+dependencies; docs/benchmarks.md says how); without them the row is skipped with the reason.
+``DS_ACCELERATOR`` defaults to ``cpu`` for it.
 
     python benchmarks/bench_training.py [--state-size 256MiB] [--repeats 3] [--dir /var/tmp]
         [--train-threads N]
@@ -62,7 +69,9 @@ METHODS = (
     "save_state_none",
     "save_state_host",
     "save_state_tiered",  # a tiered CheckpointManager: local commit, then a drain to --tiered-server
+    "deepspeed_fastpersist",  # torch.save through DeepSpeed's FastFileWriter (libaio); optional
 )
+FASTPERSIST = "deepspeed_fastpersist"
 WIDTH = 2048
 BATCH = 32
 GiB = 1 << 30
@@ -123,6 +132,11 @@ class Method:
             # shared memory, staged in the background (the call returns before the copy ends)
             self.stager = DefaultStager(StagingOptions(False, True, True, False))
         self.mgr: Any = None  # save_state_tiered: its CheckpointManager, made in the loop thread
+        self.aio: Any = None  # deepspeed_fastpersist: DeepNVMe's aio handle and its locked buffer
+        self.aio_buffer: Any = None
+        self.each: list[dict[str, float]] = []  # deepspeed_fastpersist: the writer's own stats
+        if name == FASTPERSIST:
+            self.aio = fastpersist_handle()
         self.remote = remote
         if name.startswith("save_state"):
             from asyncckpt.config import CheckpointConfig
@@ -150,6 +164,9 @@ class Method:
                 torch.save(state, f)
                 f.flush()
                 os.fsync(f.fileno())
+            return None
+        if self.name == FASTPERSIST:
+            self.fastpersist(state, path)
             return None
         if self.name.endswith("_process"):
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
@@ -219,6 +236,33 @@ class Method:
         fut: Future[Any] = self.thread.submit(durable)
         return fut
 
+    def fastpersist(self, state: dict[str, Any], path: Path) -> None:
+        """torch.save through DeepSpeed's FastFileWriter, as its checkpoint engine does with
+        ``writer.type: FAST`` (CheckpointWriterFactory): one rank, no data-parallel split."""
+        import torch
+        from deepspeed.io import FastFileWriter, FastFileWriterConfig
+        from deepspeed.runtime.model_checkpointing.constants import (
+            CHECKPOINT_IO_BUFFER_DOUBLE_DEFAULT,
+            CHECKPOINT_IO_BUFFER_SIZE_DEFAULT,
+        )
+
+        if self.aio_buffer is None:  # at the first checkpoint, so its memory counts as the others'
+            # a CUDA-pinned buffer needs CUDA: DeepNVMe's own page-locked allocation on the CPU
+            # (posix_memalign + mlock), as its CPU benchmark does (nvme/test_ds_aio_utils.py)
+            self.aio_buffer = self.aio.new_cpu_locked_tensor(
+                CHECKPOINT_IO_BUFFER_SIZE_DEFAULT, torch.empty(0, dtype=torch.uint8)
+            )
+        config = FastFileWriterConfig(
+            dnvme_handle=self.aio,
+            pinned_tensor=self.aio_buffer,
+            double_buffer=CHECKPOINT_IO_BUFFER_DOUBLE_DEFAULT,
+        )
+        writer = FastFileWriter(str(path), config)
+        torch.save(state, writer)
+        writer.close()  # drains the buffers, appends the unaligned tail, fsyncs the file
+        keys = ("write_secs", "aio_write_secs", "fill_buffer_secs", "slow_bytes")
+        self.each.append({k: writer._stats[k] for k in keys})
+
     def reserve(self, state: dict[str, Any]) -> float:
         """save_state_host: the staging area made before the first checkpoint, as
         CheckpointManager does (the training waits for it here: its seconds)."""
@@ -237,7 +281,7 @@ class Method:
         import torch.distributed.checkpoint as dcp
 
         state = {"model": model.state_dict(), "optim": opt.state_dict()}
-        if self.name == "torch_save":
+        if self.name in ("torch_save", FASTPERSIST):
             state = torch.load(path, weights_only=True)
         elif self.name.startswith("dcp"):
             dcp.load(state, storage_reader=dcp.FileSystemReader(path))
@@ -276,6 +320,54 @@ class Method:
         for owner in (self.thread, self.writer, self.stager):
             if owner is not None:
                 owner.close()
+        if self.aio_buffer is not None:
+            self.aio.free_cpu_locked_tensor(self.aio_buffer)
+            self.aio_buffer = None
+
+
+def fastpersist_handle() -> Any:
+    """DeepNVMe's aio handle with the defaults of DeepSpeed's ``aio`` config (JIT-builds the
+    ``async_io`` op against libaio the first time: minutes)."""
+    import deepspeed.io.fast_file_writer as ffw
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+    from deepspeed.ops.op_builder.utils import UtilsBuilder
+    from deepspeed.runtime.swap_tensor import constants as c
+
+    if ffw.UtilsBuilder.NAME != UtilsBuilder.NAME:
+        # DS_ACCELERATOR=cpu maps UtilsBuilder to a builder whose load() raises "This op had
+        # not been implemented on CPU backend", and FastFileWriter loads it in __init__ (for
+        # cast_to_byte_tensor, which only its storage-list path uses, not torch.save's
+        # write()): the generic builder's C++ op builds on the CPU
+        ffw.UtilsBuilder = UtilsBuilder
+    aio = AsyncIOBuilder().load(verbose=False)
+    return aio.aio_handle(
+        c.AIO_BLOCK_SIZE_DEFAULT,
+        c.AIO_QUEUE_DEPTH_DEFAULT,
+        c.AIO_SINGLE_SUBMIT_DEFAULT,
+        c.AIO_OVERLAP_EVENTS_DEFAULT,
+        c.AIO_INTRA_OP_PARALLELISM_DEFAULT,
+    )
+
+
+def fastpersist_unavailable() -> str:
+    """Why the deepspeed_fastpersist row cannot run in this Python, or ''."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return (
+            "deepspeed is not installed in this Python (optional, not a dependency of the "
+            "project; docs/benchmarks.md, 'DeepSpeed FastPersist', says how to install it)"
+        )
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the children inherit it
+    probe = (
+        "from deepspeed.ops.op_builder import AsyncIOBuilder; import sys; "
+        "sys.exit(0 if AsyncIOBuilder().is_compatible(verbose=True) else 3)"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    if proc.returncode:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return f"DeepSpeed's async_io op cannot be built here (libaio-dev missing?): {' | '.join(tail)}"
+    return ""
 
 
 def single_rank_group() -> None:
@@ -411,7 +503,7 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
                 memcpy_s.append(copier.run(state))
             with torch.no_grad():
                 reference = model(probe_input)  # what the checkpoint about to be taken computes
-            last = root / f"step-{step}{'.pt' if name == 'torch_save' else ''}"
+            last = root / f"step-{step}{'.pt' if name in ('torch_save', FASTPERSIST) else ''}"
             durable.clear()
             started = time.perf_counter()
             pending = method.start(state, last)
@@ -450,7 +542,7 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
         "blocked_first_s": blocked[0],
         "reserve_s": reserve_s,
         "memcpy_each_s": memcpy_s,
-        "library_each": inside,
+        "library_each": inside or method.each,
         "steady_vs_paired_memcpy": median([b / m for b, m in zip(blocked[1:], memcpy_s[1:], strict=True)])
         if len(blocked) > 1
         else None,
@@ -631,6 +723,11 @@ def main() -> None:
     unknown = set(names) - set(METHODS)
     if unknown:
         raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
+    if FASTPERSIST in names and (why := fastpersist_unavailable()):
+        print(f"{FASTPERSIST} skipped: {why}", file=sys.stderr, flush=True)
+        names.remove(FASTPERSIST)
+        if not names:
+            return
     with contextlib.ExitStack() as stack:
         if "save_state_tiered" in names and args.tiered_server != "files":  # the children inherit its AWS_*
             uri = start_for_bench(stack, args.tiered_server)
