@@ -20,7 +20,13 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
-from asyncckpt import AsyncCheckpointer, CheckpointManager, ConfigError, Shard, StateFormatError
+from asyncckpt import (
+    AsyncCheckpointer,
+    CheckpointManager,
+    ConfigError,
+    Shard,
+    StateFormatError,
+)
 from asyncckpt.engine.chunks import CHECK_BLOCK
 from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.state import index as step_index
@@ -179,6 +185,28 @@ async def test_an_index_of_another_version_is_a_clear_error(tmp_path: Path) -> N
                 tmp_path,
                 into={"w": Shard((6, 10), (0, 0), np.zeros((6, 10), np.float32)), "b": np.zeros(3, np.int32)},
             )
+
+
+# -- one rank: one header read of rank 0's object -----------------------------------------
+async def test_a_rank_reading_boxes_of_rank_0s_object_reads_its_header_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncckpt.state import reshard
+
+    again: list[str] = []
+    real = reshard.read_prefix
+
+    async def spy(sink: Any, size: int, uri: str) -> Any:
+        again.append(uri)
+        return await real(sink, size, uri)
+
+    monkeypatch.setattr(reshard, "read_prefix", spy)  # the tree's own read of the header
+    w = np.arange(60, dtype=np.float32).reshape(6, 10)
+    async with ckpt() as c:
+        await c.save_step(tmp_path, 1, {"w": Shard((6, 10), (0, 0), w), "step": 2})
+        got = await c.load_step(tmp_path, into={"w": Shard((6, 10), (2, 0), np.zeros((2, 10), np.float32))})
+    assert got.state["step"] == 2 and np.array_equal(got.state["w"].data, w[2:4])
+    assert again == []
 
 
 def s3_env(ep: S3Endpoint) -> str:

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..blocking import run_blocking
 from ..engine import dtypes
-from ..engine.header import asyncckpt_metadata, read_prefix, state_manifest
+from ..engine.header import asyncckpt_metadata, read_prefix, state_header
 from ..engine.load import Known, read
 from ..engine.runtime import Runtime
 from ..engine.safetensors_format import TensorEntry
@@ -180,12 +180,13 @@ async def load(
     tensors = {**index.local[0], **index.tensors}
     chosen = select.select(list(tensors), keys, prefix)
     executor = rt.executor()
-    want_list = await run_blocking(executor, wants, tensors, into, as_torch, chosen)
-    by_obj = await run_blocking(executor, plan, want_list)
+    want_list, by_obj = await run_blocking(executor, _wants_and_plan, tensors, into, as_torch, chosen)
     reads = Reads(needed=needed_bytes(want_list))
+    trees: dict[int, Any] = {}
     for obj in sorted(by_obj):
-        await read_object(rt, storage, f"{base}/{index.objects[obj]}", by_obj[obj], reads)
-    tree = await _tree(storage, f"{base}/{index.objects[0]}")
+        trees[obj] = await read_object(rt, storage, f"{base}/{index.objects[obj]}", by_obj[obj], reads)
+    # rank 0's header holds the tree: read again only by a rank that read none of its boxes
+    tree = trees[0] if 0 in trees else await _tree(storage, f"{base}/{index.objects[0]}")
     arrays = {w.tensor.name: w.result for w in want_list}
     state = await run_blocking(executor, _rebuild, tree, arrays, chosen, into)
     return state, reads
@@ -199,6 +200,14 @@ async def _tree(storage: StorageRouter, uri: str) -> Any:
         await sink.aclose()
     tree, _, _ = asyncckpt_metadata(header.metadata, uri)
     return tree
+
+
+def _wants_and_plan(
+    tensors: Mapping[str, Tensor], into: Mapping[Any, Any] | None, as_torch: bool, chosen: set[str] | None
+) -> tuple[list[Want], dict[int, list[Copy]]]:
+    """This rank's boxes and, per object, what to read of them: one thread hop (blocking)."""
+    want_list = wants(tensors, into, as_torch, chosen)
+    return want_list, plan(want_list)
 
 
 def _rebuild(
@@ -291,9 +300,9 @@ class _Spans:
 
 async def read_object(
     rt: Runtime, storage: StorageRouter, uri: str, copies: list[Copy], reads: Reads, *, verify: bool = True
-) -> None:
+) -> Any:
     """Read the byte ranges ``copies`` need from one object, verified per checksum block,
-    and copy each intersection to its destination."""
+    and copy each intersection to its destination; the state tree its header holds."""
     sink = await storage.handle(uri)
     try:
         sink.check()
@@ -303,11 +312,12 @@ async def read_object(
             if isinstance(pool, SharedBufferPool):
                 sink.attach_arena(pool.arena)
         size = await sink.size()
-        manifest = await state_manifest(sink, size, uri)
+        found = await state_header(sink, size, uri)
     finally:
         await sink.aclose()
-    if manifest is None:
+    if found is None:
         raise StateFormatError(f"{uri!r}: not an asyncckpt state object (no checksums to verify against)")
+    manifest, tree = found
     spans = select.spans([(c.first, c.last) for c in copies], manifest.chunk_size, size)
     executor = rt.executor()
     temps = await run_blocking(executor, _Spans, copies)
@@ -319,6 +329,7 @@ async def read_object(
     await run_blocking(executor, _copy_all, temps, copies)
     reads.read += sum(n for _, n in spans)
     reads.objects.append(uri)
+    return tree
 
 
 def _copy_all(temps: _Spans, copies: list[Copy]) -> None:
