@@ -209,6 +209,44 @@ async def test_a_rank_reading_boxes_of_rank_0s_object_reads_its_header_once(
     assert again == []
 
 
+async def test_each_read_is_verified_and_copied_out_in_one_thread_hop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncckpt.state import reshard
+
+    hops: list[str] = []
+    real = reshard.run_blocking
+
+    async def spy(executor: Any, fn: Any, *args: Any) -> Any:
+        hops.append(getattr(fn, "__name__", repr(fn)))
+        return await real(executor, fn, *args)
+
+    monkeypatch.setattr(reshard, "run_blocking", spy)  # the resharded load's own hops, not the reads'
+    w = np.random.default_rng(3).standard_normal((256, 1024), dtype=np.float32)  # 1 MiB
+    async with ckpt() as c:
+        await c.save_step(tmp_path, 1, {f"t{i}": Shard(w.shape, (0, 0), w) for i in range(16)})
+        into = {f"t{i}": Shard(w.shape, (64, 0), np.zeros((64, 1024), np.float32)) for i in range(16)}
+        got = await c.load_step(tmp_path, into=into)  # 16 boxes of 256 KiB: 16 separate reads
+    assert all(np.array_equal(got.state[f"t{i}"].data, w[64:128]) for i in range(16))
+    assert sorted(hops) == ["_rebuild", "_wants_and_plan"], hops  # no hop per read
+
+
+def test_a_view_that_fails_its_checksum_is_not_delivered() -> None:
+    from asyncckpt.engine.loader import check_then_deliver
+    from asyncckpt.engine.verify import Mismatch
+
+    class Bad:
+        def check_cpu_sync(self, offset: int, view: memoryview) -> tuple[Mismatch | None, float, float]:
+            return Mismatch(0, None), 0.0, 0.0
+
+    got: list[int] = []
+    bad, _, _ = check_then_deliver(Bad(), lambda at, v: got.append(at), 7, memoryview(b"x"))  # type: ignore[arg-type]
+    assert bad == Mismatch(0, None) and got == []
+    assert check_then_deliver(None, lambda at, v: got.append(at), 7, memoryview(b"x"))[0] is None and got == [
+        7
+    ]
+
+
 def s3_env(ep: S3Endpoint) -> str:
     return json.dumps(
         {"endpoint": ep.endpoint, "key": ep.access_key, "secret": ep.secret_key, "region": ep.region}
