@@ -361,7 +361,7 @@ async def read_object(
 
 def share_cuts(n: int, threads: int) -> list[tuple[int, int]]:
     """(start, end) of each thread's share of a copy of ``n`` bytes: at most ``threads``
-    shares, none under ``SHARE_MIN`` (one share when ``n`` is small), cut on 64 KiB."""
+    shares and at most ``n // SHARE_MIN`` (one share when ``n`` is small), cut on 64 KiB."""
     shares = max(1, min(threads, n // SHARE_MIN))
     step = max(_CUT, -(-n // shares // _CUT) * _CUT)
     return [(lo, min(n, lo + step)) for lo in range(0, n, step)] if n else [(0, 0)]
