@@ -220,9 +220,16 @@ async def committed_steps(ckpt: StepHost, root: str | os.PathLike[str]) -> list[
 
 async def latest_step(ckpt: StepHost, root: str | os.PathLike[str]) -> int | None:
     """The newest committed step under ``root`` (uncommitted ones are passed over), or None."""
+    found = await latest_commit(ckpt, root)
+    return None if found is None else found[0]
+
+
+async def latest_commit(ckpt: StepHost, root: str | os.PathLike[str]) -> tuple[int, StepCommit] | None:
+    """(step, commit record) of the newest committed step under ``root``, or None."""
     for step in reversed(await steps_under(ckpt, root)):
-        if await read_commit(ckpt, root, step) is not None:
-            return step
+        record = await read_commit(ckpt, root, step)
+        if record is not None:
+            return step, record
     return None
 
 
@@ -361,11 +368,14 @@ async def load_step(
             return await load_step(
                 ckpt, base_root, step, into=into, as_torch=as_torch, coll=own, keys=keys, prefix=prefix
             )
-    if step is None:
-        step = await latest_step(ckpt, base_root)
-        if step is None:
+    record: StepCommit | None
+    if step is None:  # the newest commit record, read once
+        found = await latest_commit(ckpt, base_root)
+        if found is None:
             raise StepNotCommittedError(f"no committed step under {base_root!r}")
-    record = await read_commit(ckpt, base_root, step)
+        step, record = found
+    else:
+        record = await read_commit(ckpt, base_root, step)
     if record is None:
         raise StepNotCommittedError(
             f"step {step} under {base_root!r} is not committed: {step_uri(base_root, step)}/{COMMIT} is "

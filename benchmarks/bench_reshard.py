@@ -13,8 +13,16 @@ loading its own object with ``load_state``, rank after rank. Per case, alternati
 the baseline's, with its 95 % bootstrap interval; and the bytes read / bytes needed. The
 partial case loads 10 % of the tensors of one object with ``keys=``.
 
+By default each load's destination arrays are new (``np.zeros`` for the resharded ranks'
+boxes, the library's own for ``load_state``), so first touching their pages is part of every
+load's time. On a VM with free-page reporting that costs 0.03-1.9 s per 512 MiB depending on
+which pages the allocator hands back, and swamps the loads' own differences. ``--warm``
+allocates and touches every destination before timing (``load_state(into=)`` on the same
+footing), as a training job resuming into its existing tensors would.
+
     python benchmarks/bench_reshard.py --target /nvme/tmp        # 2->4, 4->2, 2->1, 10 % partial
     python benchmarks/bench_reshard.py --size 1GiB --pairs 7
+    python benchmarks/bench_reshard.py --warm --pairs 7           # destinations touched first
     python benchmarks/bench_reshard.py --save-rank ROOT ...        # internal: one saving rank
 """
 
@@ -49,6 +57,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--target", default=None, help="a directory (default: a temporary one under /tmp)")
     p.add_argument("--chunk-size", default="32MiB")
+    p.add_argument(
+        "--warm", action="store_true", help="destinations allocated and touched before timing (both sides)"
+    )
     p.add_argument("--save-rank", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -105,25 +116,42 @@ def save_with(ranks: int, root: Path, args: argparse.Namespace) -> None:
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
+def touched(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with every page of its arrays written once (``--warm``)."""
+    for leaf in state.values():
+        (leaf.data if isinstance(leaf, Shard) else leaf).fill(1)
+    return state
+
+
 async def resharded(
-    c: AsyncCheckpointer, root: Path, world: int, shape_list: list[tuple[int, int]]
+    c: AsyncCheckpointer,
+    root: Path,
+    world: int,
+    shape_list: list[tuple[int, int]],
+    into: list[dict[str, Any]] | None = None,
 ) -> tuple[int, int, float]:
-    """(bytes read, bytes needed, seconds) of a load by ``world`` ranks, rank after rank."""
+    """(bytes read, bytes needed, seconds) of a load by ``world`` ranks, rank after rank
+    (into ``into``'s boxes when given, else into new ones)."""
     read = needed = 0
     t0 = time.perf_counter()
     for rank in range(world):
-        got = await c.load_step(root, into=rank_state(shape_list, rank, world, zero=True))
+        dest = into[rank] if into is not None else rank_state(shape_list, rank, world, zero=True)
+        got = await c.load_step(root, into=dest)
         assert got.reads is not None
         read, needed = read + got.reads.read, needed + got.reads.needed
     return read, needed, time.perf_counter() - t0
 
 
-async def same_world(c: AsyncCheckpointer, root: Path, world: int) -> tuple[int, float]:
-    """(bytes, seconds) of each rank loading its own object of a step saved by ``world`` ranks."""
+async def same_world(
+    c: AsyncCheckpointer, root: Path, world: int, into: list[dict[str, Any]] | None = None
+) -> tuple[int, float]:
+    """(bytes, seconds) of each rank loading its own object of a step saved by ``world`` ranks
+    (into ``into``'s arrays when given)."""
     total = 0
     t0 = time.perf_counter()
     for rank in range(world):
-        got = await c.load_state(root / "step-1" / f"rank-{rank}-of-{world}.safetensors")
+        uri = root / "step-1" / f"rank-{rank}-of-{world}.safetensors"
+        got = await c.load_state(uri, into=into[rank] if into is not None else None)
         total += got.tensor_bytes
     return total, time.perf_counter() - t0
 
@@ -148,15 +176,21 @@ async def run(args: argparse.Namespace, base: Path) -> tuple[list[dict[str, Any]
     async with AsyncCheckpointer(chunk_size=parse_size(args.chunk_size)) as c:
         for saved, loaded in CASES:
             ratios = []
+            warm: dict[str, list[dict[str, Any]]] = {}
+            if args.warm:  # made and touched once, before any timing; reused by every pair
+                warm["reshard"] = [
+                    touched(rank_state(shape_list, r, loaded, zero=True)) for r in range(loaded)
+                ]
+                warm["same"] = [touched(rank_state(shape_list, r, saved, zero=True)) for r in range(saved)]
             for pair in range(args.pairs):
                 order = ("reshard", "same") if pair % 2 == 0 else ("same", "reshard")
                 got: dict[str, Any] = {}
                 for which in order:
                     step = base / f"saved-by-{saved}"
                     if which == "reshard":
-                        got["reshard"] = await resharded(c, step, loaded, shape_list)
+                        got["reshard"] = await resharded(c, step, loaded, shape_list, warm.get("reshard"))
                     else:  # the same step, loaded by the world size that saved it
-                        got["same"] = await same_world(c, step, saved)
+                        got["same"] = await same_world(c, step, saved, warm.get("same"))
                 read, needed, secs = got["reshard"]
                 same_bytes, same_secs = got["same"]
                 ratio = (needed / secs) / (same_bytes / same_secs)
@@ -182,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.target, prefix="bench-reshard-") as tmp:
         rows, verdicts = asyncio.run(run(args, Path(tmp)))
     headers = ["case", "pair", "read_over_needed", "reshard_gbps", "same_gbps", "ratio"]
-    emit("bench_reshard", rows, headers, {"size": args.size, "tensor": args.tensor, "verdicts": verdicts})
+    meta = {"size": args.size, "tensor": args.tensor, "warm": args.warm, "verdicts": verdicts}
+    emit("bench_reshard", rows, headers, meta)
     return 0
 
 

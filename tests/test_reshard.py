@@ -7,6 +7,7 @@ A rank's check is bit-for-bit against the same tensor distributed directly by to
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 from collections.abc import Iterator
@@ -20,7 +21,14 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
-from asyncckpt import AsyncCheckpointer, CheckpointManager, ConfigError, Shard, StateFormatError
+from asyncckpt import (
+    AsyncCheckpointer,
+    CheckpointManager,
+    ChecksumMismatchError,
+    ConfigError,
+    Shard,
+    StateFormatError,
+)
 from asyncckpt.engine.chunks import CHECK_BLOCK
 from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.state import index as step_index
@@ -179,6 +187,125 @@ async def test_an_index_of_another_version_is_a_clear_error(tmp_path: Path) -> N
                 tmp_path,
                 into={"w": Shard((6, 10), (0, 0), np.zeros((6, 10), np.float32)), "b": np.zeros(3, np.int32)},
             )
+
+
+# -- one rank: one header read, hops, the copy-out shared between threads -----------------
+def test_a_copy_out_is_shared_in_pieces_of_at_least_2_mib_cut_on_64_kib() -> None:
+    from asyncckpt.state.reshard import SHARE_MIN, share_cuts
+
+    assert SHARE_MIN == 2 << 20
+    assert share_cuts(0, 2) == [(0, 0)] and share_cuts(5, 2) == [(0, 5)]
+    assert share_cuts((4 << 20) - 1, 2) == [(0, (4 << 20) - 1)]  # two shares would be under 2 MiB
+    assert share_cuts(8 << 20, 1) == [(0, 8 << 20)]
+    odd = (4 << 20) + 12345
+    assert share_cuts(odd, 2) == [(0, (2 << 20) + (64 << 10)), ((2 << 20) + (64 << 10), odd)]
+    cuts = share_cuts(32 << 20, 3)
+    assert len(cuts) == 3 and cuts[0][0] == 0 and cuts[-1][1] == 32 << 20
+    assert all(a[1] == b[0] and a[1] % (64 << 10) == 0 for a, b in itertools.pairwise(cuts))
+
+
+def big() -> np.ndarray[Any, Any]:
+    return np.random.default_rng(7).standard_normal((1024, 2048), dtype=np.float32)  # 8 MiB
+
+
+async def test_large_boxes_load_bit_identical_with_their_copy_shared_between_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncckpt.state import reshard
+
+    shared: list[int] = []
+    real = reshard.share_cuts
+
+    def spy(n: int, threads: int) -> list[tuple[int, int]]:
+        cuts = real(n, 2)  # as on two cores, whatever this machine has
+        shared.append(len(cuts))
+        return cuts
+
+    monkeypatch.setattr(reshard, "share_cuts", spy)
+    w = big()
+    async with ckpt() as c:
+        await c.save_step(tmp_path, 1, {"w": Shard(w.shape, (0, 0), w), "step": 5})
+        rows = await c.load_step(
+            tmp_path, into={"w": Shard(w.shape, (100, 0), np.zeros((800, 2048), np.float32))}
+        )
+        cols = await c.load_step(
+            tmp_path, into={"w": Shard(w.shape, (0, 3), np.zeros((1024, 1000), np.float32))}
+        )
+    assert max(shared) == 2  # the views of the direct (row) copy were cut in two
+    assert np.array_equal(rows.state["w"].data, w[100:900]) and rows.state["step"] == 5
+    assert np.array_equal(cols.state["w"].data, w[:, 3:1003])
+    assert rows.reads is not None and rows.reads.read <= 1.1 * rows.reads.needed
+
+
+async def test_a_flipped_byte_in_a_shared_copy_out_is_still_reported(tmp_path: Path) -> None:
+    w = big()
+    async with ckpt() as c:
+        await c.save_step(tmp_path, 1, {"w": Shard(w.shape, (0, 0), w)})
+        at = await asyncio.to_thread(flip, tmp_path / "step-1" / "rank-0-of-1.safetensors", w[600].tobytes())
+        with pytest.raises(ChecksumMismatchError) as info:
+            await c.load_step(
+                tmp_path, into={"w": Shard(w.shape, (512, 0), np.zeros((512, 2048), np.float32))}
+            )
+    assert info.value.offset == at // CHECK_BLOCK * CHECK_BLOCK
+
+
+async def test_a_rank_reading_boxes_of_rank_0s_object_reads_its_header_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncckpt.state import reshard
+
+    again: list[str] = []
+    real = reshard.read_prefix
+
+    async def spy(sink: Any, size: int, uri: str) -> Any:
+        again.append(uri)
+        return await real(sink, size, uri)
+
+    monkeypatch.setattr(reshard, "read_prefix", spy)  # the tree's own read of the header
+    w = np.arange(60, dtype=np.float32).reshape(6, 10)
+    async with ckpt() as c:
+        await c.save_step(tmp_path, 1, {"w": Shard((6, 10), (0, 0), w), "step": 2})
+        got = await c.load_step(tmp_path, into={"w": Shard((6, 10), (2, 0), np.zeros((2, 10), np.float32))})
+    assert got.state["step"] == 2 and np.array_equal(got.state["w"].data, w[2:4])
+    assert again == []
+
+
+async def test_each_read_is_verified_and_copied_out_in_one_thread_hop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncckpt.state import reshard
+
+    hops: list[str] = []
+    real = reshard.run_blocking
+
+    async def spy(executor: Any, fn: Any, *args: Any) -> Any:
+        hops.append(getattr(fn, "__name__", repr(fn)))
+        return await real(executor, fn, *args)
+
+    monkeypatch.setattr(reshard, "run_blocking", spy)  # the resharded load's own hops, not the reads'
+    w = np.random.default_rng(3).standard_normal((256, 1024), dtype=np.float32)  # 1 MiB
+    async with ckpt() as c:
+        await c.save_step(tmp_path, 1, {f"t{i}": Shard(w.shape, (0, 0), w) for i in range(16)})
+        into = {f"t{i}": Shard(w.shape, (64, 0), np.zeros((64, 1024), np.float32)) for i in range(16)}
+        got = await c.load_step(tmp_path, into=into)  # 16 boxes of 256 KiB: 16 separate reads
+    assert all(np.array_equal(got.state[f"t{i}"].data, w[64:128]) for i in range(16))
+    assert sorted(hops) == ["_rebuild", "_wants_and_plan"], hops  # no hop per read
+
+
+def test_a_view_that_fails_its_checksum_is_not_delivered() -> None:
+    from asyncckpt.engine.loader import check_then_deliver
+    from asyncckpt.engine.verify import Mismatch
+
+    class Bad:
+        def check_cpu_sync(self, offset: int, view: memoryview) -> tuple[Mismatch | None, float, float]:
+            return Mismatch(0, None), 0.0, 0.0
+
+    got: list[int] = []
+    bad, _, _ = check_then_deliver(Bad(), lambda at, v: got.append(at), 7, memoryview(b"x"))  # type: ignore[arg-type]
+    assert bad == Mismatch(0, None) and got == []
+    assert check_then_deliver(None, lambda at, v: got.append(at), 7, memoryview(b"x"))[0] is None and got == [
+        7
+    ]
 
 
 def s3_env(ep: S3Endpoint) -> str:

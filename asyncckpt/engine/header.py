@@ -55,14 +55,21 @@ async def read_prefix(sink: Sink, size: int, uri: str) -> tuple[bytearray, Heade
 async def state_manifest(sink: Sink, size: int, uri: str) -> Manifest | None:
     """The whole-object manifest a ``save_state`` object carries in its header (so a plain
     ``load`` verifies it too), or None when the object is no asyncckpt safetensors file."""
+    found = await state_header(sink, size, uri)
+    return None if found is None else found[0]
+
+
+async def state_header(sink: Sink, size: int, uri: str) -> tuple[Manifest, Any] | None:
+    """(manifest, state tree) of a ``save_state`` object from one read of its header (a
+    resharded load needs both of rank 0's object), or None as for :func:`state_manifest`."""
     try:
         prefix, header = await read_prefix(sink, size, uri)
     except StateFormatError:
         return None  # not a safetensors object at all
     if not is_ours(header.metadata):
         return None  # another writer's safetensors file: no checksums to verify against
-    _, chunk, crcs = asyncckpt_metadata(header.metadata, uri)
-    return header_manifest(prefix, header, uri, chunk, crcs)
+    tree, chunk, crcs = asyncckpt_metadata(header.metadata, uri)
+    return header_manifest(prefix, header, uri, chunk, crcs), tree
 
 
 def header_manifest(

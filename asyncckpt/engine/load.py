@@ -25,7 +25,7 @@ from ..sinks.base import Sink
 from ..sinks.isolation import SharedBufferPool
 from ..sinks.router import StorageRouter
 from .header import state_manifest
-from .loader import LoadState, check_size, identity_note, label_loads, stream_views, verify_mode
+from .loader import Deliver, LoadState, check_size, identity_note, label_loads, stream_views, verify_mode
 from .manifest import Manifest, manifest_uri, read_manifest
 from .monitor import LoopMonitor, now
 from .runinfo import Span, run_fields, with_setup
@@ -181,13 +181,17 @@ async def read(
     progress: ProgressFn | None = None,
     known: Known | None = None,
     into_size: int | None = None,
+    deliver: Deliver | None = None,
 ) -> LoadResult:
     """Stream ``uri`` through ``take(offset, view)`` (each view valid only during the call)
-    and return the measurement: the body of ``load`` and of the state loads."""
+    and return the measurement: the body of ``load`` and of the state loads. ``deliver``:
+    a blocking ``(offset, view)`` copy run in the thread hop that verified the view, before
+    ``take`` (one hop a view instead of two)."""
     started = now()
     stream = open_stream(
-        rt, storage, uri, verify, num_readers, read_chunk_size, defeat_cache, progress, known, into_size
-    )
+        rt, storage, uri, verify, num_readers, read_chunk_size, defeat_cache, progress, known, into_size,
+        deliver,
+    )  # fmt: skip
     async with stream:
         async for view in stream:
             await take(stream.offset, view)
@@ -229,6 +233,7 @@ def open_stream(
     progress: ProgressFn | None,
     known: Known | None = None,
     into_size: int | None = None,
+    deliver: Deliver | None = None,
 ) -> LoadStream:
     """Check the arguments (before any I/O) and return the stream of verified views."""
     mode = verify_mode(verify) if known is None else ("checksum" if known.verify else "none")
@@ -236,7 +241,9 @@ def open_stream(
     sink.check()
     readers, chunk = read_args(rt, sink, num_readers, read_chunk_size)
     state = LoadState(verify_mode=mode)
-    gen = _iterate(rt, storage, sink, state, chunk, readers, defeat_cache, progress, known, into_size)
+    gen = _iterate(
+        rt, storage, sink, state, chunk, readers, defeat_cache, progress, known, into_size, deliver
+    )
     return LoadStream(gen, state)
 
 
@@ -268,6 +275,7 @@ async def _iterate(
     progress: ProgressFn | None,
     known: Known | None,
     into_size: int | None,
+    deliver: Deliver | None = None,
 ) -> AsyncGenerator[memoryview, None]:
     uri = state.uri = sink.uri
     await storage.prepare(uri)  # the handle was made synchronously: a library it defers
@@ -322,6 +330,7 @@ async def _iterate(
                     num_readers=readers,
                     threads=rt.budget.threads,
                     progress=progress,
+                    deliver=deliver,
                 )
                 # aclosing: when this generator is closed early (caller left the loop or was
                 # cancelled) the inner one closes *now*, reclaiming its buffers, rather than

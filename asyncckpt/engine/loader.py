@@ -28,6 +28,9 @@ from .manifest import Manifest, object_name
 from .monitor import now
 from .verify import SYNTHETIC, Mismatch, RegenerateVerifier, Verifier
 
+#: a blocking ``(object offset, view)`` consumer run in the thread that verified the view
+Deliver = Callable[[int, memoryview], None]
+
 VERIFY_MODES: dict[object, VerifyMode] = {
     True: "checksum",
     "checksum": "checksum",
@@ -282,8 +285,10 @@ async def stream_views(
     num_readers: int,
     threads: int,
     progress: Callable[[int], None] | None = None,
+    deliver: Deliver | None = None,
 ) -> AsyncGenerator[memoryview, None]:
-    """Yield the object's bytes in order, verified; each view is valid until the next one."""
+    """Yield the object's bytes in order, verified; each view is valid until the next one.
+    ``deliver`` gets each view first, in the verification's thread hop once it verified."""
     if state.size == 0:
         raise TargetNotFoundError(errno.ENOENT, f"{uri!r}: size unknown (open the load first)")
     reader = OrderedReader(
@@ -301,11 +306,12 @@ async def stream_views(
             view = buf.view[: rec.nbytes]
             state.offset = rec.offset
             t0 = now()
-            if verifier is not None:
+            if verifier is not None or deliver is not None:
                 bad, rec.verify_s, rec.verify_cpu_s = await run_blocking(
-                    executor, verifier.check_cpu_sync, rec.offset, view
+                    executor, check_then_deliver, verifier, deliver, rec.offset, view
                 )
                 if bad is not None:
+                    assert verifier is not None
                     bad = await pinpoint(bad, manifest, sink, executor, threads=threads)
                     raise mismatch_error(bad, manifest, uri, verifier.mode, state.identity_note)
             yield view
@@ -320,6 +326,17 @@ async def stream_views(
     finally:
         await reader.aclose()
         state.records = reader.records
+
+
+def check_then_deliver(
+    verifier: Verifier | None, deliver: Deliver | None, offset: int, view: memoryview
+) -> tuple[Mismatch | None, float, float]:
+    """Verify a view and, only if it verified, hand it to ``deliver``: one thread hop (each
+    costs 0.2-1.5 ms on the reference VM; a resharded rank's many small reads paid two)."""
+    bad, seconds, cpu = verifier.check_cpu_sync(offset, view) if verifier is not None else (None, 0.0, 0.0)
+    if bad is None and deliver is not None:
+        deliver(offset, view)
+    return bad, seconds, cpu
 
 
 def label_loads(records: list[ReadRecord], readers: int) -> dict[str, int]:
