@@ -261,7 +261,8 @@ class Method:
         torch.save(state, writer)
         writer.close()  # drains the buffers, appends the unaligned tail, fsyncs the file
         keys = ("write_secs", "aio_write_secs", "fill_buffer_secs", "slow_bytes")
-        self.each.append({k: writer._stats[k] for k in keys})
+        stats = vars(writer)["_stats"]  # DeepSpeed's own counters (it has no public accessor)
+        self.each.append({k: stats[k] for k in keys})
 
     def reserve(self, state: dict[str, Any]) -> float:
         """save_state_host: the staging area made before the first checkpoint, as
