@@ -48,24 +48,12 @@ from pathlib import Path
 from typing import Any
 
 from _common import emit, median, ratio_verdict
-from bench_training import BATCH, WIDTH, PairedCopy, build, status_bytes
+from bench_training import BATCH, WIDTH, PairedCopy, build, leaves, status_bytes
 
 from asyncckpt import parse_size
 
 ARMS = ("host", "lend", "fork", "fork_thp")
 TARGET = 0.3  # blocked ≤ 0.3 × memcpy
-
-
-def leaves(state: Any) -> list[Any]:
-    import torch
-
-    if isinstance(state, torch.Tensor):
-        return [state]
-    if isinstance(state, dict):
-        return [x for v in state.values() for x in leaves(v)]
-    if isinstance(state, (list, tuple)):
-        return [x for v in state for x in leaves(v)]
-    return []
 
 
 def byte_views(state: Any) -> list[memoryview]:

@@ -414,7 +414,7 @@ class PairedCopy:
 
 
 def _tensors(state: Any) -> list[Any]:
-    return [t for t in _leaves(state) if t.numel() > 1]
+    return [t for t in leaves(state) if t.numel() > 1]
 
 
 def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
@@ -606,15 +606,15 @@ def run_memcpy(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _leaves(state: Any) -> list[Any]:
+def leaves(state: Any) -> list[Any]:
     import torch
 
     if isinstance(state, torch.Tensor):
         return [state]
     if isinstance(state, dict):
-        return [x for v in state.values() for x in _leaves(v)]
+        return [x for v in state.values() for x in leaves(v)]
     if isinstance(state, (list, tuple)):
-        return [x for v in state for x in _leaves(v)]
+        return [x for v in state for x in leaves(v)]
     return []
 
 
