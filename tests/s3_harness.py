@@ -124,6 +124,12 @@ class Target:
         return [n.decode() for n in re.findall(rb"<Name>([^<]*)</Name>", body)]
 
 
+def azure_options(ep: AzureEndpoint, backend: str = "obstore-azure", **extra: object) -> dict[str, object]:
+    """obstore takes the account key; s3dlio has no key mode: a SAS derived from it."""
+    credential = {"sas_token": ep.sas()} if backend == "s3dlio-azure" else {"account_key": ep.key}
+    return {"account": ep.account, **credential, "endpoint_url": ep.account_url, **extra}
+
+
 def new_bucket(server: S3Endpoint) -> str:
     return server.create_bucket(f"t-{uuid.uuid4().hex[:16]}")
 

@@ -43,6 +43,7 @@ from asyncckpt.sinks.azure.config import AzureSettings, parse_az_uri
 from asyncckpt.sinks.registry import capabilities
 
 from .conftest import ROOT, holds_stream
+from .s3_harness import azure_options
 
 PART = 5 * MiB
 BLOBS = re.compile(rb"<Name>([^<]*)</Name>")
@@ -51,10 +52,7 @@ BLOBS = re.compile(rb"<Name>([^<]*)</Name>")
 BACKENDS = ("obstore-azure", "s3dlio-azure")
 
 
-def options(ep: AzureEndpoint, backend: str = "obstore-azure", **extra: object) -> dict[str, object]:
-    """obstore takes the account key; s3dlio has no key mode: a SAS derived from it."""
-    credential = {"sas_token": ep.sas()} if backend == "s3dlio-azure" else {"account_key": ep.key}
-    return {"account": ep.account, **credential, "endpoint_url": ep.account_url, **extra}
+options = azure_options  # the backend_options of each Azure backend on Azurite
 
 
 def checkpointer(ep: AzureEndpoint, backend: str = "obstore-azure", **kw: object) -> AsyncCheckpointer:

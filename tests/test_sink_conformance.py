@@ -24,7 +24,16 @@ from asyncckpt.sinks import Sink
 
 from .conftest import ROOT, payload
 from .plugins.s3servers import selected_kinds
-from .s3_harness import AZURE_BACKENDS, CHUNK, Target, in_child, new_bucket, run_child_suite, s3_backends
+from .s3_harness import (
+    AZURE_BACKENDS,
+    CHUNK,
+    Target,
+    azure_options,
+    in_child,
+    new_bucket,
+    run_child_suite,
+    s3_backends,
+)
 
 LOCAL = () if in_child() else ("file", "memory")
 AZURE = () if in_child() else AZURE_BACKENDS
@@ -57,9 +66,7 @@ def target(request: pytest.FixtureRequest, executor: ThreadPoolExecutor, tmp_pat
         return Target(backend, executor, tmp_path)
     if kind == "azurite":
         ep: AzureEndpoint = request.getfixturevalue("azurite_endpoint")  # skips with the reason if absent
-        # obstore takes the account key; s3dlio has no key mode: a SAS derived from it
-        credential = {"sas_token": ep.sas()} if backend == "s3dlio-azure" else {"account_key": ep.key}
-        opts = {"account": ep.account, **credential, "endpoint_url": ep.account_url, "max_attempts": 1}
+        opts = azure_options(ep, backend, max_attempts=1)
         return Target(backend, executor, tmp_path, bucket=ep.create_container(), options=opts, az=ep)
     s3: S3Endpoint = request.getfixturevalue("s3_servers").get(kind)  # skips with the reason if absent
     return Target(backend, executor, tmp_path, s3=s3, bucket=new_bucket(s3), options=s3.options())

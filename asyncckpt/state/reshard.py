@@ -348,8 +348,9 @@ async def read_object(
             temps.put(at, view)
 
     async def take(at: int, view: memoryview) -> None:  # verified; shared if not delivered
-        if len(share_cuts(len(view), threads)) > 1:
-            await put_shared(executor, temps, at, view, threads)
+        cuts = share_cuts(len(view), threads)
+        if len(cuts) > 1:
+            await put_shared(executor, temps, at, view, cuts)
 
     await read(rt, storage, uri, take, known=Known(manifest, size, verify, spans), deliver=deliver)
     if temps.strided:  # a Shard(0) split has none: no hop
@@ -367,10 +368,12 @@ def share_cuts(n: int, threads: int) -> list[tuple[int, int]]:
     return [(lo, min(n, lo + step)) for lo in range(0, n, step)] if n else [(0, 0)]
 
 
-async def put_shared(executor: Executor, temps: _Spans, at: int, view: memoryview, threads: int) -> None:
-    """``temps.put(at, view)`` shared between ``threads`` worker threads (disjoint bytes of
-    the destinations); every thread has finished when this returns or raises."""
-    cuts = share_cuts(len(view), threads)
+async def put_shared(
+    executor: Executor, temps: _Spans, at: int, view: memoryview, cuts: list[tuple[int, int]]
+) -> None:
+    """``temps.put(at, view)`` shared between worker threads, one per cut of
+    :func:`share_cuts` (disjoint bytes of the destinations); every thread has finished when
+    this returns or raises."""
     parts = [view[lo:hi] for lo, hi in cuts]
     try:  # a failure cancels the rest, and each cancelled copy still waits for its thread
         async with asyncio.TaskGroup() as tg:
