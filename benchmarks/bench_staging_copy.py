@@ -12,6 +12,7 @@ baseline). A state of 2048 × 2048 float32 tensors; arms alternate; medians.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import time
 from collections.abc import Callable
@@ -59,6 +60,28 @@ def arms(nbytes: int) -> dict[str, Callable[[], float]]:
         list(pool.map(numpy_pieces, shares))
         return time.perf_counter() - t0
 
+    torch_shares = [[(as_torch[at : at + len(piece)], torch.from_numpy(piece)) for at, piece in share] for share in shares]
+
+    def torch_pieces(share: list[tuple[Any, Any]]) -> None:
+        for dst, piece in share:
+            dst.copy_(piece)
+
+    def torch_kernel_pieces() -> float:
+        torch.set_num_threads(1)  # as a training on one thread per core leaves it: no intra-op pool
+        t0 = time.perf_counter()
+        list(pool.map(torch_pieces, torch_shares))
+        return time.perf_counter() - t0
+
+    def memmove_pieces(share: list[tuple[int, Any]]) -> None:
+        base = ctypes.addressof(ctypes.c_char.from_buffer(area))
+        for at, piece in share:
+            ctypes.memmove(base + at, piece.ctypes.data, len(piece))
+
+    def memmove_kernel() -> float:
+        t0 = time.perf_counter()
+        list(pool.map(memmove_pieces, shares))
+        return time.perf_counter() - t0
+
     def torch_into(destinations: list[Any]) -> float:
         torch.set_num_threads(cores)
         t0 = time.perf_counter()
@@ -73,6 +96,8 @@ def arms(nbytes: int) -> dict[str, Callable[[], float]]:
         at += n
     return {
         "np.copyto, 8 MiB pieces, worker threads -> area (the library)": library_kernel,
+        "torch copy_, 8 MiB pieces, worker threads -> area": torch_kernel_pieces,
+        "memmove (libc), 8 MiB pieces, worker threads -> area": memmove_kernel,
         "torch copy_, intra-op threads -> area": lambda: torch_into(views),
         "torch copy_, intra-op threads -> empty_like (bench_training's memcpy)": lambda: torch_into(like),
     }
