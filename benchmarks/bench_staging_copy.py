@@ -60,7 +60,9 @@ def arms(nbytes: int) -> dict[str, Callable[[], float]]:
         list(pool.map(numpy_pieces, shares))
         return time.perf_counter() - t0
 
-    torch_shares = [[(as_torch[at : at + len(piece)], torch.from_numpy(piece)) for at, piece in share] for share in shares]
+    torch_shares = [
+        [(as_torch[at : at + len(piece)], torch.from_numpy(piece)) for at, piece in share] for share in shares
+    ]
 
     def torch_pieces(share: list[tuple[Any, Any]]) -> None:
         for dst, piece in share:
