@@ -145,3 +145,19 @@ async def test_partial_load_of_a_step(tmp_path: Path) -> None:
     assert got.step == 3 and list(got.state["model"]) == ["w9"]
     np.testing.assert_array_equal(got.state["model"]["w9"], state["model"]["w9"])
     assert got.result.load.size_bytes <= (2 << 20) + 2 * CHECK_BLOCK
+
+
+async def test_a_tensor_of_whole_blocks_is_read_without_an_extra_block(tmp_path: Path) -> None:
+    """A large state's data starts on a checksum block and its tensors of whole blocks come
+    first, so loading one reads exactly its bytes: with 4096-byte alignment, and a small int64
+    array laid out first (descending element size), every key read a block more."""
+    uri = tmp_path / "s.safetensors"
+    state = {**big_state(), "count": np.arange(3, dtype=np.int64)}
+    async with ckpt() as c:
+        await c.save_state(uri, state)
+        one = await c.load_state(uri, keys=["model.w3"])
+        small = await c.load_state(uri, keys=["count"])
+    np.testing.assert_array_equal(one.state["model"]["w3"], state["model"]["w3"])
+    assert one.load.size_bytes == 2 << 20
+    np.testing.assert_array_equal(small.state["count"], state["count"])
+    assert small.load.size_bytes <= CHECK_BLOCK  # the last, short block

@@ -7,9 +7,9 @@ offset, the tensors must tile the buffer exactly: the first begins at 0, each be
 the previous ended, the last ends at the end of the file (no holes, nothing after).
 
 So tensors cannot be padded apart; only the data *start* is aligned: the JSON is padded
-with spaces (which JSON allows) until ``8 + N`` is a multiple of 4096, so every chunk write
-of the pipeline stays O_DIRECT-aligned. Tensors are laid out in descending element size,
-as the ``safetensors`` writer does, so each one is aligned to its element size too.
+with spaces (which JSON allows) until ``8 + N`` is a multiple of ``align`` (4096, so every
+chunk write of the pipeline stays O_DIRECT-aligned; a large state asks for its checksum
+block, ``asyncckpt.state.api.header_align``). The order of the tensors is the caller's.
 
 The header carries its own CRC32C (``asyncckpt.header_crc32c``), computed with that value
 written as ``00000000``: the per-chunk CRCs cannot cover the header that contains them,

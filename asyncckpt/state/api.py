@@ -46,6 +46,8 @@ from .staging import StagingArea, copy_bytes, copy_shared, share_copies
 
 log = logging.getLogger("asyncckpt")
 _INLINE_COPY = 1 << 20
+#: data of at least this many checksum blocks starts on a block (header_align)
+ALIGNED_DATA = 64
 _INLINE_PIECES = 256  # more small tensors than this in one chunk are copied in a thread too
 
 
@@ -88,8 +90,11 @@ def plan(uri: str, state: object, chunk: int, metadata: Mapping[str, str] | None
     meta = _user_metadata(metadata)
     tree, leaves = flatten(state)
     tensors = [prepare(leaf) for leaf in leaves]
-    # descending element size, as the safetensors writer does: every tensor naturally aligned
-    tensors.sort(key=lambda t: -t.dtype.itemsize)
+    block = chunks.block_size(chunk)
+    # tensors of whole checksum blocks first: each then starts on a block (header_align), so a
+    # partial or resharded read of one reads no extra block; then the rest by descending
+    # element size, as the safetensors writer does. Every tensor stays naturally aligned.
+    tensors.sort(key=lambda t: (t.nbytes % block != 0, -t.dtype.itemsize))
     entries, offset = [], 0
     for t in tensors:
         entries.append(TensorEntry(t.leaf.name, t.dtype, t.shape, offset, offset + t.nbytes))
@@ -97,11 +102,11 @@ def plan(uri: str, state: object, chunk: int, metadata: Mapping[str, str] | None
     boxes = {t.leaf.name: t.box for t in tensors if t.box is not None}
     if boxes:
         meta[K_SHARDS] = encode_boxes(boxes)
-    block = chunks.block_size(chunk)
     meta.update(our_metadata(tree, block))
+    align = header_align(offset, block)
     count, prefix = 0, bytearray()
     for _ in range(8):  # the CRC count depends on where the data starts, which depends on it
-        prefix = build_header(entries, with_crcs(meta, [0] * count))
+        prefix = build_header(entries, with_crcs(meta, [0] * count), align=align)
         want = chunks.data_chunk_count(len(prefix), len(prefix) + offset, block)
         if want == count:
             break
@@ -111,13 +116,23 @@ def plan(uri: str, state: object, chunk: int, metadata: Mapping[str, str] | None
     return _Plan(uri, tensors, entries, meta, prefix, len(prefix) + offset)
 
 
+def header_align(data_bytes: int, block: int) -> int:
+    """Where a state's data starts: on a checksum block when the data is large, so a tensor of
+    whole blocks starts on one and a partial or resharded read of a box of whole blocks reads
+    no block it does not need (2 -> 4 ranks read 6 % more with 4096-byte alignment); 4096
+    bytes otherwise, where up to a block of header padding would cost more than it saves."""
+    return block if data_bytes >= ALIGNED_DATA * block else ALIGN
+
+
 def finish_header(p: _Plan, data: Sequence[memoryview], chunk: int) -> tuple[bytearray, list[int], float]:
     """(final header, the pipeline's expected chunk CRCs, pre-pass seconds); blocking."""
     t0 = now()
     block = chunks.block_size(chunk)
     data_crcs = chunks.data_chunk_crcs(data, p.data_start, block)
     prepass = now() - t0
-    prefix = build_header(p.entries, with_crcs(p.metadata, data_crcs))
+    prefix = build_header(
+        p.entries, with_crcs(p.metadata, data_crcs), align=header_align(p.size - p.data_start, block)
+    )
     if len(prefix) != p.data_start:
         raise RuntimeError(f"state header changed size: {len(prefix)} != {p.data_start}")
     blocks = chunks.object_chunk_crcs(prefix, data_crcs, p.size, block)
