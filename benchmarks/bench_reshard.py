@@ -60,6 +60,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--warm", action="store_true", help="destinations allocated and touched before timing (both sides)"
     )
+    p.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
+        help="reads in flight for every load, both sides (default: the library's)",
+    )
     p.add_argument("--save-rank", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -173,7 +179,8 @@ async def run(args: argparse.Namespace, base: Path) -> tuple[list[dict[str, Any]
     for n in sorted({saved for saved, _ in CASES}):
         await asyncio.to_thread(save_with, n, base / f"saved-by-{n}", args)
     rows, verdicts = [], {}
-    async with AsyncCheckpointer(chunk_size=parse_size(args.chunk_size)) as c:
+    tuning = {} if args.max_in_flight is None else {"max_in_flight": args.max_in_flight}
+    async with AsyncCheckpointer(chunk_size=parse_size(args.chunk_size), **tuning) as c:
         for saved, loaded in CASES:
             ratios = []
             warm: dict[str, list[dict[str, Any]]] = {}

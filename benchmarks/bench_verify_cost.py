@@ -62,11 +62,13 @@ def neighbour(kind: str, duty: float, stop: Event, ready: Event) -> None:
         stop.wait(busy * (1 - duty) / duty)
 
 
-async def run(args: argparse.Namespace) -> dict[str, list[float]]:
+async def run(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]]]:
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = str(Path(tmp) / "verify-cost.bin")
         rates: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        # from the load's own records: after the last read ended, and reads waiting for a buffer
+        trace: dict[str, dict[str, list[float]]] = {arm: {"tail_s": [], "wait_free_s": []} for arm in ARMS}
         async with AsyncCheckpointer() as ckpt:
             await ckpt.save(path, args.size)
             for i in range(args.pairs):
@@ -81,13 +83,16 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
                         await asyncio.to_thread(ready.wait)
                     try:
                         t0 = time.perf_counter()
-                        await ckpt.load(path, verify=arm == "verified")
-                        rates[arm].append(args.size / (time.perf_counter() - t0) / 1e9)
+                        result = await ckpt.load(path, verify=arm == "verified")
+                        t1 = time.perf_counter()
+                        rates[arm].append(args.size / (t1 - t0) / 1e9)
+                        trace[arm]["tail_s"].append(t1 - max(r.t_read_end for r in result.records))
+                        trace[arm]["wait_free_s"].append(sum(r.wait_free_s for r in result.records))
                     finally:
                         stop.set()
                         if proc is not None:
                             await asyncio.to_thread(proc.join)
-        return rates
+        return rates, trace
 
 
 def main() -> None:
@@ -99,7 +104,7 @@ def main() -> None:
     args = p.parse_args()
     if not 0 < args.duty <= 1:
         p.error(f"--duty must be in (0, 1], got {args.duty}")
-    rates = asyncio.run(run(args))
+    rates, trace = asyncio.run(run(args))
     base = rates["unverified"]
     rows: list[dict[str, Any]] = [
         {
@@ -108,14 +113,24 @@ def main() -> None:
             "GB/s min": min(r),
             "GB/s max": max(r),
             "÷ unverified (per round, median)": median([a / b for a, b in zip(r, base, strict=True)]),
+            "after last read s": median(trace[arm]["tail_s"]),
+            "waiting for a buffer s": median(trace[arm]["wait_free_s"]),
         }
         for arm, r in rates.items()
     ]
     emit(
         "verify_cost",
         rows,
-        ["load", "GB/s median", "GB/s min", "GB/s max", "÷ unverified (per round, median)"],
-        {"size": args.size, "duty": args.duty, "rates": rates},
+        [
+            "load",
+            "GB/s median",
+            "GB/s min",
+            "GB/s max",
+            "÷ unverified (per round, median)",
+            "after last read s",
+            "waiting for a buffer s",
+        ],
+        {"size": args.size, "duty": args.duty, "rates": rates, "trace": trace},
     )
 
 
