@@ -52,11 +52,8 @@ BLOBS = re.compile(rb"<Name>([^<]*)</Name>")
 BACKENDS = ("obstore-azure", "s3dlio-azure")
 
 
-options = azure_options  # the backend_options of each Azure backend on Azurite
-
-
 def checkpointer(ep: AzureEndpoint, backend: str = "obstore-azure", **kw: object) -> AsyncCheckpointer:
-    opts = options(ep, backend, max_attempts=1)
+    opts = azure_options(ep, backend, max_attempts=1)
     return AsyncCheckpointer(chunk_size=PART, num_buffers=4, backend=backend, backend_options=opts, **kw)
 
 
@@ -131,7 +128,7 @@ async def test_state_step_and_manager_round_trips(
         keep_last=1,
         chunk_size=PART,
         backend=backend,
-        backend_options=options(ep, backend),
+        backend_options=azure_options(ep, backend),
     ) as mgr:
         for n in range(3):
             await mgr.maybe_save(n, {"x": np.full(10, n, dtype=np.int32)})
@@ -200,7 +197,7 @@ async def test_error_table(
     azurite_endpoint: AzureEndpoint, az_container: str, backend: str, case: str
 ) -> None:
     ep = azurite_endpoint
-    opts = options(ep, backend, max_attempts=1)
+    opts = azure_options(ep, backend, max_attempts=1)
     uri = f"az://{az_container}/absent.bin"
     expected: type[StorageError] = TargetNotFoundError
     if case == "missing container":
@@ -240,7 +237,9 @@ async def test_a_silent_endpoint_ends_in_a_stall_error(
     azurite_endpoint: AzureEndpoint, silent_port: int, backend: str
 ) -> None:
     """s3dlio retries such an endpoint for over a minute; the watchdog ends the save."""
-    opts = options(azurite_endpoint, backend, endpoint_url=f"http://127.0.0.1:{silent_port}/devstoreaccount1")
+    opts = azure_options(
+        azurite_endpoint, backend, endpoint_url=f"http://127.0.0.1:{silent_port}/devstoreaccount1"
+    )
     started = asyncio.get_running_loop().time()
     async with AsyncCheckpointer(
         chunk_size=PART, stall_timeout=2.0, backend=backend, backend_options=opts
@@ -253,7 +252,7 @@ async def test_a_silent_endpoint_ends_in_a_stall_error(
 def test_s3dlio_refuses_an_account_key_before_any_io(azurite_endpoint: AzureEndpoint) -> None:
     async def save() -> None:
         async with AsyncCheckpointer(
-            chunk_size=PART, backend="s3dlio-azure", backend_options=options(ep)
+            chunk_size=PART, backend="s3dlio-azure", backend_options=azure_options(ep)
         ) as ckpt:
             await ckpt.save("az://c-1/x.bin", 1000)
 

@@ -61,6 +61,7 @@ class _Plan:
     metadata: dict[str, str]
     prefix: bytearray
     size: int
+    align: int  # where the data starts a multiple of (header_align): finish_header keeps it
 
     @property
     def data_start(self) -> int:
@@ -113,7 +114,7 @@ def plan(uri: str, state: object, chunk: int, metadata: Mapping[str, str] | None
         count = want
     else:  # pragma: no cover - the header grows monotonically; two rounds suffice in practice
         raise RuntimeError("state header size did not converge")
-    return _Plan(uri, tensors, entries, meta, prefix, len(prefix) + offset)
+    return _Plan(uri, tensors, entries, meta, prefix, len(prefix) + offset, align)
 
 
 def header_align(data_bytes: int, block: int) -> int:
@@ -130,9 +131,7 @@ def finish_header(p: _Plan, data: Sequence[memoryview], chunk: int) -> tuple[byt
     block = chunks.block_size(chunk)
     data_crcs = chunks.data_chunk_crcs(data, p.data_start, block)
     prepass = now() - t0
-    prefix = build_header(
-        p.entries, with_crcs(p.metadata, data_crcs), align=header_align(p.size - p.data_start, block)
-    )
+    prefix = build_header(p.entries, with_crcs(p.metadata, data_crcs), align=p.align)
     if len(prefix) != p.data_start:
         raise RuntimeError(f"state header changed size: {len(prefix)} != {p.data_start}")
     blocks = chunks.object_chunk_crcs(prefix, data_crcs, p.size, block)
