@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,14 +13,9 @@ from pathlib import Path
 import pytest
 
 from asyncckpt.servers.azurite import ACCOUNT_KEY, AzureEndpoint
+from tests.ports import refused
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def refused(url: str) -> bool:
-    host, port = url.removeprefix("http://").split(":")
-    with socket.socket() as s:
-        return s.connect_ex((host, int(port))) != 0
 
 
 def bench(*args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -25,14 +25,9 @@ from asyncckpt.servers.s3compat import QUIRKS
 from asyncckpt.servers.s3endpoint import S3Endpoint
 from tests.plugins import s3servers
 from tests.plugins.s3servers import boto3_client
+from tests.ports import refused
 
 MiB = 1 << 20
-
-
-def refused(endpoint: str) -> bool:
-    host, port = endpoint.removeprefix("http://").split(":")
-    with socket.socket() as s:
-        return s.connect_ex((host, int(port))) != 0
 
 
 def assert_gone(pids: dict[str, int], root: Path, endpoint: str) -> None:
