@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -13,6 +14,14 @@ from typing import Any
 
 from asyncckpt.engine.runinfo import package_versions
 from asyncckpt.results.text import format_table
+
+
+def directory(value: str) -> str:
+    """An argparse type: an existing directory, else a usage error naming it (before any I/O)."""
+    if not os.path.isdir(value):
+        what = "does not exist" if not os.path.exists(value) else "is not a directory"
+        raise argparse.ArgumentTypeError(f"{value!r} {what}")
+    return value
 
 
 def emit(name: str, rows: Sequence[dict[str, Any]], headers: Sequence[str], extra: dict[str, Any]) -> None:

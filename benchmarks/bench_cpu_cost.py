@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import dgen_py
-from _common import emit, median, ratio_verdict
+from _common import directory, emit, median, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer, parse_size
 from asyncckpt.checksum import crc
@@ -262,7 +262,9 @@ if __name__ == "__main__":
     p.add_argument(
         "--reserve-space", choices=("on", "off"), default="on", help="fallocate files up front (default: on)"
     )
-    p.add_argument("--tmpfs", default="/dev/shm", help="a tmpfs directory for the file target")
+    p.add_argument(
+        "--tmpfs", type=directory, default="/dev/shm", help="a tmpfs directory for the file target"
+    )
     p.add_argument(
         "--prime",
         action=argparse.BooleanOptionalAction,

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from _common import bootstrap_ci, emit, median
+from _common import bootstrap_ci, directory, emit, median
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.planner import WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
@@ -145,7 +145,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--state-size", type=parse_size, default=parse_size("256MiB"))
     p.add_argument("--pairs", type=int, default=5)
-    p.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    p.add_argument(
+        "--dir", type=directory, default=None, help="where to write (default: a temporary directory)"
+    )
     args = p.parse_args()
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     state = make_state(args.state_size)

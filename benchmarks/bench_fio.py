@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
-from _common import emit, ratio_verdict
+from _common import directory, emit, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.config import CheckpointConfig
@@ -550,7 +550,12 @@ def _ints(text: str) -> list[int]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=lambda s: parse_size(s, name="--size"), default="2GiB")
-    p.add_argument("--dir", default=None, help="directory on the file system to measure (default: $TMPDIR)")
+    p.add_argument(
+        "--dir",
+        type=directory,
+        default=None,
+        help="directory on the file system to measure (default: $TMPDIR)",
+    )
     p.add_argument("--pairs", type=int, default=7, help="alternating pairs (at least 5)")
     p.add_argument(
         "--thread-budget",

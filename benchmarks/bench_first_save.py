@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import bootstrap_ci, emit, median, ratio_verdict
+from _common import bootstrap_ci, directory, emit, median, ratio_verdict
 
 from asyncckpt import parse_size
 
@@ -119,6 +119,6 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="2GiB")
     p.add_argument("--runs", type=int, default=7)
-    p.add_argument("--dir", default="/var/tmp", help="directory on the device under test")
+    p.add_argument("--dir", type=directory, default="/var/tmp", help="directory on the device under test")
     p.add_argument("--tree", help="another source tree to run alternately (e.g. the commit before)")
     main(p.parse_args())

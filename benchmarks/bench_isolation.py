@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from _common import directory
+
 from asyncckpt import AsyncCheckpointer, SaveResult, parse_size
 from asyncckpt.results.text import format_table, gbps, ms
 
@@ -33,7 +35,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--chunk-size", default="32MiB")
     p.add_argument("--num-buffers", type=int, default=8)
     p.add_argument("--max-in-flight", type=int, default=None)
-    p.add_argument("--dir", default=None, help="directory for the file target (default: a temp dir)")
+    p.add_argument(
+        "--dir", type=directory, default=None, help="directory for the file target (default: a temp dir)"
+    )
     p.add_argument("--targets", default="file,null", help="comma list of file,null")
     p.add_argument("--modes", default="none,fork,forkserver", help=f"comma list of {','.join(MODES)}")
     p.add_argument("--repeat", type=int, default=3, help="measured saves per mode (after one warm-up)")

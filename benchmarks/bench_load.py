@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from _common import directory
+
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.blocking import run_blocking
 from asyncckpt.checksum import crc
@@ -176,7 +178,9 @@ def main() -> int:
     p.add_argument("--num-buffers", type=int, default=8)
     p.add_argument("--num-readers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--dir", default=None, help="directory of the temporary file (default: $TMPDIR)")
+    p.add_argument(
+        "--dir", type=directory, default=None, help="directory of the temporary file (default: $TMPDIR)"
+    )
     p.add_argument("--keep", action="store_true")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()

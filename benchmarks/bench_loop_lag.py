@@ -27,7 +27,7 @@ from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
-from _common import bootstrap_ci, emit, ratio_verdict
+from _common import bootstrap_ci, directory, emit, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer, parse_size
 from asyncckpt.engine.monitor import LoopMonitor
@@ -156,7 +156,9 @@ def summarize(rows: list[dict[str, Any]], targets: list[str]) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="4GiB")
-    p.add_argument("--dir", default="/var/tmp", help="where the file target is written (/var/tmp)")
+    p.add_argument(
+        "--dir", type=directory, default="/var/tmp", help="where the file target is written (/var/tmp)"
+    )
     p.add_argument("--targets", default="file,null", help="file, null or both (file,null)")
     p.add_argument("--repeat", type=int, default=5, help="alternating pairs per target (>= 5)")
     p.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")

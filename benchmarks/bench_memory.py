@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import emit
+from _common import directory, emit
 
 from asyncckpt import parse_size
 
@@ -60,7 +60,7 @@ def main() -> None:
     p.add_argument("--chunk-size", default="32MiB")
     p.add_argument("--num-buffers", type=int, default=8)
     p.add_argument("--target", choices=("file", "null"), default="file")
-    p.add_argument("--dir", default=None)
+    p.add_argument("--dir", type=directory, default=None)
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import bootstrap_ci, emit, median, ratio_verdict
+from _common import bootstrap_ci, directory, emit, median, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer, parse_size
 
@@ -120,5 +120,5 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="2GiB")
     p.add_argument("--pairs", type=int, default=5)
-    p.add_argument("--dir", default="/var/tmp", help="directory on the device under test")
+    p.add_argument("--dir", type=directory, default="/var/tmp", help="directory on the device under test")
     asyncio.run(main(p.parse_args()))

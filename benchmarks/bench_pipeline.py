@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import emit, median
+from _common import directory, emit, median
 
 from asyncckpt import AsyncCheckpointer, parse_size
 from asyncckpt.sinks import SinkOptions, make_sink
@@ -102,5 +102,5 @@ if __name__ == "__main__":
     p.add_argument("--chunk-size", default="32MiB")
     p.add_argument("--num-buffers", type=int, default=8)
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--dir", default=None, help="directory on the device under test")
+    p.add_argument("--dir", type=directory, default=None, help="directory on the device under test")
     asyncio.run(main(p.parse_args()))

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import emit, median, ratio_verdict
+from _common import directory, emit, median, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer, Shard, parse_size
 
@@ -55,7 +55,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--pairs", type=int, default=5, help="alternating pairs (default 5, the verdict's minimum)"
     )
-    p.add_argument("--target", default=None, help="a directory (default: a temporary one under /tmp)")
+    p.add_argument(
+        "--target", type=directory, default=None, help="a directory (default: a temporary one under /tmp)"
+    )
     p.add_argument("--chunk-size", default="32MiB")
     p.add_argument(
         "--warm", action="store_true", help="destinations allocated and touched before timing (both sides)"

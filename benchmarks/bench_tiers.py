@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import emit, median, ratio_verdict
+from _common import directory, emit, median, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer, CheckpointManager, parse_size
 from asyncckpt.servers.embedded import start_for_bench
@@ -50,7 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--pairs", type=int, default=5, help="alternating pairs (default 5, the verdict's minimum)"
     )
-    p.add_argument("--dir", default=None, help="where the local tier's roots go (default: the temp dir)")
+    p.add_argument(
+        "--dir", type=directory, default=None, help="where the local tier's roots go (default: the temp dir)"
+    )
     p.add_argument("--remote", default=None, help="a directory or s3://bucket/prefix (default: --server's)")
     p.add_argument("--server", default="moto", choices=("moto", "swift"), help="embedded S3 server")
     p.add_argument("--chunk-size", default="32MiB")

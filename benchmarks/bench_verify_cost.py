@@ -17,7 +17,11 @@ A process, not a thread, so the neighbours never hold the load's GIL. If the CRC
 costs the unverified load what the check costs, the price is the work itself on this machine
 (not the pipeline's structure); the spin neighbour separates CPU time from memory traffic.
 
+``--num-buffers`` and ``--max-in-flight`` set the checkpointer's pool and reads in flight
+(defaults: the library's), to see whether the check holds buffers the reads wait for.
+
     python benchmarks/bench_verify_cost.py [--size 2GiB] [--pairs 6] [--dir /var/tmp] [--duty 0.2]
+                                           [--num-buffers N] [--max-in-flight N]
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
-from _common import emit, median
+from _common import directory, emit, median
 
 from asyncckpt import AsyncCheckpointer, parse_size
 
@@ -69,7 +73,10 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[st
         rates: dict[str, list[float]] = {arm: [] for arm in ARMS}
         # from the load's own records: after the last read ended, and reads waiting for a buffer
         trace: dict[str, dict[str, list[float]]] = {arm: {"tail_s": [], "wait_free_s": []} for arm in ARMS}
-        async with AsyncCheckpointer() as ckpt:
+        knobs = {
+            k: v for k, v in (("num_buffers", args.num_buffers), ("max_in_flight", args.max_in_flight)) if v
+        }
+        async with AsyncCheckpointer(**knobs) as ckpt:
             await ckpt.save(path, args.size)
             for i in range(args.pairs):
                 order = ARMS[i % len(ARMS) :] + ARMS[: i % len(ARMS)]
@@ -99,8 +106,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", type=parse_size, default=parse_size("2GiB"))
     p.add_argument("--pairs", type=int, default=6, help="rounds; each loads once per arm")
-    p.add_argument("--dir", default=tempfile.gettempdir())
+    p.add_argument("--dir", type=directory, default=tempfile.gettempdir())
     p.add_argument("--duty", type=float, default=0.2, help="the neighbours' share of one core")
+    p.add_argument("--num-buffers", type=int, default=None, help="the pool's buffers (default: library)")
+    p.add_argument("--max-in-flight", type=int, default=None, help="reads in flight (default: library)")
     args = p.parse_args()
     if not 0 < args.duty <= 1:
         p.error(f"--duty must be in (0, 1], got {args.duty}")
@@ -130,7 +139,14 @@ def main() -> None:
             "after last read s",
             "waiting for a buffer s",
         ],
-        {"size": args.size, "duty": args.duty, "rates": rates, "trace": trace},
+        {
+            "size": args.size,
+            "duty": args.duty,
+            "num_buffers": args.num_buffers,
+            "max_in_flight": args.max_in_flight,
+            "rates": rates,
+            "trace": trace,
+        },
     )
 
 
