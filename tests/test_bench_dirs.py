@@ -21,6 +21,7 @@ DIRECTORY_OPTIONS = {
     "bench_memory.py": "--dir",
     "bench_overwrite.py": "--dir",
     "bench_pipeline.py": "--dir",
+    "bench_read_shape.py": "--dir",
     "bench_reshard.py": "--target",
     "bench_tiers.py": "--dir",
     "bench_verify_cost.py": "--dir",
