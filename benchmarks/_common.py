@@ -49,6 +49,17 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
+def rate_stats(rates: Sequence[float], base: Sequence[float], ratio: str) -> dict[str, float]:
+    """One arm's GB/s (median, min, max) and, under ``ratio``, the median of its per-round
+    ratios to ``base`` (the arm measured beside it in each round)."""
+    return {
+        "GB/s median": median(rates),
+        "GB/s min": min(rates),
+        "GB/s max": max(rates),
+        ratio: median([a / b for a, b in zip(rates, base, strict=True)]),
+    }
+
+
 def bootstrap_ci(
     values: Sequence[float], *, level: float = 0.95, resamples: int = 10_000
 ) -> tuple[float, float]:

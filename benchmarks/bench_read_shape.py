@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import directory, emit, median
+from _common import directory, emit, rate_stats
 
 from asyncckpt import AsyncCheckpointer, parse_size
 
@@ -95,20 +95,12 @@ def main() -> None:
     args = p.parse_args()
     rates = asyncio.run(run(args))
     base = next(iter(rates.values()))
-    rows: list[dict[str, Any]] = [
-        {
-            "reads": name,
-            "GB/s median": median(r),
-            "GB/s min": min(r),
-            "GB/s max": max(r),
-            "÷ 32 MiB × 4 (per round, median)": median([a / b for a, b in zip(r, base, strict=True)]),
-        }
-        for name, r in rates.items()
-    ]
+    ratio = "÷ 32 MiB × 4 (per round, median)"
+    rows: list[dict[str, Any]] = [{"reads": name, **rate_stats(r, base, ratio)} for name, r in rates.items()]
     emit(
         "read_shape",
         rows,
-        ["reads", "GB/s median", "GB/s min", "GB/s max", "÷ 32 MiB × 4 (per round, median)"],
+        ["reads", "GB/s median", "GB/s min", "GB/s max", ratio],
         {"size": args.size, "device_queue": args.queue, "rates": rates},
     )
 

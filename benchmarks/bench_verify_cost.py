@@ -35,7 +35,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
-from _common import directory, emit, median
+from _common import directory, emit, median, rate_stats
 
 from asyncckpt import AsyncCheckpointer, parse_size
 
@@ -118,10 +118,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = [
         {
             "load": arm,
-            "GB/s median": median(r),
-            "GB/s min": min(r),
-            "GB/s max": max(r),
-            "÷ unverified (per round, median)": median([a / b for a, b in zip(r, base, strict=True)]),
+            **rate_stats(r, base, "÷ unverified (per round, median)"),
             "after last read s": median(trace[arm]["tail_s"]),
             "waiting for a buffer s": median(trace[arm]["wait_free_s"]),
         }
