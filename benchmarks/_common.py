@@ -24,6 +24,23 @@ def directory(value: str) -> str:
     return value
 
 
+def positive_int(value: str) -> int:
+    """An argparse type: an integer of at least 1, else a usage error naming the value."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return n
+
+
+def rotation(n: int, i: int) -> list[int]:
+    """Round ``i``'s order of ``n`` arms: each arm goes first in turn, so none always runs
+    after the same neighbour (or first, on a cold machine)."""
+    return [(i + k) % n for k in range(n)]
+
+
 def emit(name: str, rows: Sequence[dict[str, Any]], headers: Sequence[str], extra: dict[str, Any]) -> None:
     """Print a table (for people) and one JSON document (for machines)."""
     print(format_table(headers, [[_fmt(r.get(h)) for h in headers] for r in rows]))

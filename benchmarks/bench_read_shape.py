@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import directory, emit, rate_stats
+from _common import directory, emit, positive_int, rate_stats, rotation
 
 from asyncckpt import AsyncCheckpointer, parse_size
 
@@ -50,15 +50,16 @@ def parse_arms(text: str) -> list[tuple[int, int]]:
     for item in text.split(","):
         size, _, depth = item.partition(":")
         try:
-            arms.append((parse_size(size, name="--arms"), int(depth)))
-        except ValueError as exc:
+            arms.append((parse_size(size, name="--arms"), positive_int(depth)))
+        except (ValueError, argparse.ArgumentTypeError) as exc:
             raise argparse.ArgumentTypeError(f"--arms item {item!r}: SIZE:IN_FLIGHT ({exc})") from None
     if arms[0] != (32 << 20, 4):
         raise argparse.ArgumentTypeError("--arms must start with the default, 32MiB:4 (the ratios' base)")
     return arms
 
 
-async def run(args: argparse.Namespace) -> dict[str, list[float]]:
+async def run(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Each arm's GB/s per round, and the device's queue limits."""
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = str(Path(tmp) / "read-shape.bin")
         async with AsyncCheckpointer() as ckpt:
@@ -73,17 +74,14 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
             for c in ckpts:
                 await c.__aenter__()
             for i in range(args.pairs):
-                order = list(range(len(names)))
-                order = order[i % len(order) :] + order[: i % len(order)]
-                for k in order:
+                for k in rotation(len(names), i):
                     t0 = time.perf_counter()
                     await ckpts[k].load(path)
                     rates[names[k]].append(args.size / (time.perf_counter() - t0) / 1e9)
         finally:
             for c in ckpts:
                 await c.__aexit__(None, None, None)
-        args.queue = device_queue(tmp)
-    return rates
+        return rates, device_queue(tmp)
 
 
 def main() -> None:
@@ -93,7 +91,7 @@ def main() -> None:
     p.add_argument("--dir", type=directory, default=tempfile.gettempdir())
     p.add_argument("--arms", type=parse_arms, default=parse_arms("32MiB:4,4MiB:4,4MiB:16,4MiB:32"))
     args = p.parse_args()
-    rates = asyncio.run(run(args))
+    rates, queue = asyncio.run(run(args))
     base = next(iter(rates.values()))
     ratio = "÷ 32 MiB × 4 (per round, median)"
     rows: list[dict[str, Any]] = [{"reads": name, **rate_stats(r, base, ratio)} for name, r in rates.items()]
@@ -101,7 +99,7 @@ def main() -> None:
         "read_shape",
         rows,
         ["reads", "GB/s median", "GB/s min", "GB/s max", ratio],
-        {"size": args.size, "device_queue": args.queue, "rates": rates},
+        {"size": args.size, "device_queue": queue, "rates": rates},
     )
 
 

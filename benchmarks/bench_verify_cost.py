@@ -35,7 +35,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
-from _common import directory, emit, median, rate_stats
+from _common import directory, emit, median, positive_int, rate_stats, rotation
 
 from asyncckpt import AsyncCheckpointer, parse_size
 
@@ -74,13 +74,14 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[st
         # from the load's own records: after the last read ended, and reads waiting for a buffer
         trace: dict[str, dict[str, list[float]]] = {arm: {"tail_s": [], "wait_free_s": []} for arm in ARMS}
         knobs = {
-            k: v for k, v in (("num_buffers", args.num_buffers), ("max_in_flight", args.max_in_flight)) if v
+            k: v
+            for k, v in (("num_buffers", args.num_buffers), ("max_in_flight", args.max_in_flight))
+            if v is not None
         }
         async with AsyncCheckpointer(**knobs) as ckpt:
             await ckpt.save(path, args.size)
             for i in range(args.pairs):
-                order = ARMS[i % len(ARMS) :] + ARMS[: i % len(ARMS)]
-                for arm in order:
+                for arm in (ARMS[k] for k in rotation(len(ARMS), i)):
                     stop, ready = ctx.Event(), ctx.Event()
                     proc = None
                     if "neighbour" in arm:
@@ -108,8 +109,12 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=6, help="rounds; each loads once per arm")
     p.add_argument("--dir", type=directory, default=tempfile.gettempdir())
     p.add_argument("--duty", type=float, default=0.2, help="the neighbours' share of one core")
-    p.add_argument("--num-buffers", type=int, default=None, help="the pool's buffers (default: library)")
-    p.add_argument("--max-in-flight", type=int, default=None, help="reads in flight (default: library)")
+    p.add_argument(
+        "--num-buffers", type=positive_int, default=None, help="the pool's buffers (default: library)"
+    )
+    p.add_argument(
+        "--max-in-flight", type=positive_int, default=None, help="reads in flight (default: library)"
+    )
     args = p.parse_args()
     if not 0 < args.duty <= 1:
         p.error(f"--duty must be in (0, 1], got {args.duty}")

@@ -1,5 +1,6 @@
 """A benchmark given a directory that does not exist says so and exits 2 before any I/O
-(it used to end in a raw FileNotFoundError traceback from ``tempfile``, after the saves)."""
+(it used to end in a raw FileNotFoundError traceback from ``tempfile``, after the saves); so
+does a count that is not a positive integer (``--num-buffers 0`` used to be ignored)."""
 
 from __future__ import annotations
 
@@ -28,18 +29,36 @@ DIRECTORY_OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("script", sorted(DIRECTORY_OPTIONS))
-def test_a_missing_directory_is_a_usage_error(script: str, tmp_path: object) -> None:
-    missing = f"{tmp_path}/no-such-dir"
-    option = DIRECTORY_OPTIONS[script]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), option, missing],
+def bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
         env=child_env(),
         capture_output=True,
         text=True,
         timeout=120,
         cwd=ROOT,
     )
+
+
+@pytest.mark.parametrize("script", sorted(DIRECTORY_OPTIONS))
+def test_a_missing_directory_is_a_usage_error(script: str, tmp_path: object) -> None:
+    missing = f"{tmp_path}/no-such-dir"
+    option = DIRECTORY_OPTIONS[script]
+    done = bench(script, option, missing)
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"argument {option}: '{missing}' does not exist" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "bad"),
+    [
+        ("bench_verify_cost.py", ("--num-buffers", "0"), "'0' is not a positive integer"),
+        ("bench_verify_cost.py", ("--max-in-flight", "x"), "'x' is not a positive integer"),
+        ("bench_read_shape.py", ("--arms", "32MiB:4,4MiB:0"), "item '4MiB:0'"),
+    ],
+)
+def test_a_count_below_one_is_a_usage_error(script: str, args: tuple[str, ...], bad: str) -> None:
+    done = bench(script, *args)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert bad in done.stderr and "Traceback" not in done.stderr
