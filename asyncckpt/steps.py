@@ -137,26 +137,44 @@ async def _list(ckpt: StepHost, uri: str) -> list[str]:
         await sink.aclose()
 
 
-async def put_record(ckpt: StepHost, uri: str, record: Mapping[str, Any]) -> None:
-    """Publish a small JSON record at ``uri`` atomically (the backend's one commit)."""
+#: the most a record read whole may hold: commit records and markers are a few KiB
+RECORD_LIMIT = 1 << 20
+#: the most an index may hold: it grows with tensors x boxes (about 85 bytes per box; a 70B
+#: model with its Adam state under FSDP on 8 ranks has about 17 000 boxes, 1.4 MiB), so a
+#: record's limit would refuse real models; 256 MiB is about 3 million boxes
+INDEX_LIMIT = 256 << 20
+
+
+def _encode(record: Mapping[str, Any]) -> bytes:
+    return json.dumps(record, sort_keys=True).encode()
+
+
+async def put_record(ckpt: StepHost, uri: str, record: Mapping[str, Any], *, large: bool = False) -> None:
+    """Publish a JSON record at ``uri`` atomically (the backend's one commit); ``large`` (an
+    index): encoded in a thread, since megabytes of JSON are the loop's time else."""
+    raw = await run_blocking(ckpt.runtime.executor(), _encode, record) if large else _encode(record)
     sink = await ckpt.storage.handle(uri)
     try:
-        await put_bytes(sink, json.dumps(record, sort_keys=True).encode())
+        await put_bytes(sink, raw)
     finally:
         await sink.aclose()
 
 
-async def get_record(ckpt: StepHost, uri: str) -> dict[str, Any] | None:
-    """The JSON record at ``uri``; None if absent."""
+async def get_record(ckpt: StepHost, uri: str, *, limit: int = RECORD_LIMIT) -> dict[str, Any] | None:
+    """The JSON record at ``uri``; None if absent. One larger than ``RECORD_LIMIT`` (an index,
+    read with ``limit=INDEX_LIMIT``) is parsed in a thread."""
     sink = await ckpt.storage.handle(uri)
     try:
-        raw = await get_bytes(sink)
+        raw = await get_bytes(sink, limit)
     except TargetNotFoundError:
         return None
     finally:
         await sink.aclose()
     try:
-        record = json.loads(raw)
+        if len(raw) > RECORD_LIMIT:
+            record = await run_blocking(ckpt.runtime.executor(), json.loads, raw)
+        else:
+            record = json.loads(raw)
     except ValueError as exc:
         raise IntegrityError(f"{uri!r} is not a JSON record: {exc}") from None
     if not isinstance(record, dict):
@@ -301,7 +319,8 @@ async def _commit(
             f"step {step} under {base!r} not committed: rank(s) {failed} failed to save"
         )
     objects = [e[0] for e in every if e]
-    built = step_index.build(objects, [e[3] for e in every if e])  # every rank: the same error
+    # every rank: the same error; in a thread, as the index grows with the tensors
+    built = await run_blocking(ckpt.runtime.executor(), step_index.build, objects, [e[3] for e in every if e])
     record = StepCommit(
         step=step,
         world_size=coll.world_size,
@@ -313,7 +332,7 @@ async def _commit(
         index=step_index.INDEX,
     )
     if coll.is_coordinator:
-        await put_record(ckpt, f"{base}/{step_index.INDEX}", built)  # before the commit: never missing
+        await put_record(ckpt, f"{base}/{step_index.INDEX}", built, large=True)  # before the commit
         await _put_index(ckpt, base, [e[4] for e in every if e])
         await put_record(ckpt, f"{base}/{COMMIT}", asdict(record))
     await coll.barrier()  # no rank reports the step committed before the record is there
@@ -322,9 +341,9 @@ async def _commit(
 
 async def _put_index(ckpt: StepHost, base: str, objects: list[ObjectTensors]) -> None:
     """The step's Hugging Face index (atomic, as any record), or none: a stale one is removed."""
-    index = hf_index(objects)
+    index = await run_blocking(ckpt.runtime.executor(), hf_index, objects)
     if index is not None:
-        await put_record(ckpt, f"{base}/{HF_INDEX}", index)
+        await put_record(ckpt, f"{base}/{HF_INDEX}", index, large=True)
     elif HF_INDEX in await _list(ckpt, base):  # left by an earlier save of this step number
         await _delete(ckpt, f"{base}/{HF_INDEX}")
 
@@ -390,8 +409,9 @@ async def load_step(
                 f"step {step} was saved by {record.world_size} ranks without a step index (asyncckpt "
                 f"before 0.x); this job has {coll.world_size}: load it on {record.world_size} ranks"
             )
-        index = step_index.parse(
-            await _index_record(ckpt, f"{base}/{record.index}"), f"{base}/{record.index}"
+        where = f"{base}/{record.index}"
+        index = await run_blocking(
+            ckpt.runtime.executor(), step_index.parse, await _index_record(ckpt, where), where
         )
         state, reads = await reshard.load(
             ckpt.runtime, ckpt.storage, base, index, into=into, as_torch=as_torch, keys=keys, prefix=prefix
@@ -411,7 +431,7 @@ def _boxes_wanted(into: Mapping[Any, Any] | None) -> bool:
 
 
 async def _index_record(ckpt: StepHost, uri: str) -> dict[str, Any]:
-    record = await get_record(ckpt, uri)
+    record = await get_record(ckpt, uri, limit=INDEX_LIMIT)
     if record is None:
         raise IntegrityError(f"{uri!r}: the step index its commit record names is missing")
     return record

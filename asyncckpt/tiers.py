@@ -443,12 +443,12 @@ class Tiers:
         local = steps.step_uri(self.local, step)
         index = record.index if record is not None else None
         for name in ([index] if index else []) + [HF_INDEX]:
-            got = await steps.get_record(self.host, f"{local}/{name}")
+            got = await steps.get_record(self.host, f"{local}/{name}", limit=steps.INDEX_LIMIT)
             if got is None:
                 if name == index:
                     raise IntegrityError(f"{local}/{name}: the step index its commit record names is missing")
                 continue
-            await steps.put_record(self.host, f"{base}/{name}", got)
+            await steps.put_record(self.host, f"{base}/{name}", got, large=True)
         return index
 
     async def _markers(self, base: str, names: list[str]) -> list[dict[str, Any]]:
