@@ -159,6 +159,10 @@ class Tiers:
         self._last: asyncio.Task[None] | None = None  # the newest drain: each waits for the one before
         self._running: set[asyncio.Task[None]] = set()
         self._committing: set[asyncio.Task[None]] = set()  # rank 0's remote commits
+        #: the newest remote commit: each waits for the one before, so commits land in step
+        #: order (a retried step's commit may take longer than the next step's drain, and
+        #: retention judges the steps committed so far)
+        self._last_commit: asyncio.Task[None] | None = None
         self._started: dict[int, tuple[float, float]] = {}  # step -> (monotonic, wall) at its save's start
         self._skip_next = False
         self._logged: set[int] = set()
@@ -336,8 +340,9 @@ class Tiers:
             self._settle(step)
         else:
             task = asyncio.create_task(
-                self._remote_commit(step, record), name=f"asyncckpt-remote-commit {step}"
+                self._remote_commit(step, record, self._last_commit), name=f"asyncckpt-remote-commit {step}"
             )
+            self._last_commit = task
             self._committing.add(task)
             task.add_done_callback(self._committing.discard)
 
@@ -395,8 +400,13 @@ class Tiers:
             exc,
         )
 
-    async def _remote_commit(self, step: int, record: StepCommit | None) -> None:
-        """Rank 0: once every rank's marker is there, the remote commit record; then retention."""
+    async def _remote_commit(
+        self, step: int, record: StepCommit | None, previous: asyncio.Task[None] | None
+    ) -> None:
+        """Rank 0: once every rank's marker is there and the previous commit has ended, the
+        remote commit record; then retention."""
+        if previous is not None:
+            await asyncio.wait([previous])
         try:
             await self._commit_when_complete(step, record)
         except Exception as exc:
