@@ -27,6 +27,13 @@ def files_under(root: Path) -> list[str]:
     return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """SIGINT back to its default in the child: a suite started as a background job (``cmd &``
+    in a script) has SIGINT ignored, the child inherits that, and the bench rightly leaves an
+    ignored SIGINT ignored; these tests are about a user's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args: list[str], tmp: Path) -> subprocess.Popen[str]:
     """The real CLI with its temporary directory (``TMPDIR``) in ``tmp``."""
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)}
@@ -37,6 +44,7 @@ def start(args: list[str], tmp: Path) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_sigint_as_at_a_terminal,
     )
 
 
