@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from .blocking import run_blocking
+from .engine import jsontext
 from .engine.runtime import Runtime
 from .errors import ConfigError, IntegrityError, StepNotCommittedError, TargetNotFoundError
 from .modes import StagingMode
@@ -146,7 +147,7 @@ INDEX_LIMIT = 256 << 20
 
 
 def _encode(record: Mapping[str, Any]) -> bytes:
-    return json.dumps(record, sort_keys=True).encode()
+    return jsontext.dumps(record, sort_keys=True).encode()
 
 
 async def put_record(ckpt: StepHost, uri: str, record: Mapping[str, Any], *, large: bool = False) -> None:
@@ -172,7 +173,7 @@ async def get_record(ckpt: StepHost, uri: str, *, limit: int = RECORD_LIMIT) -> 
         await sink.aclose()
     try:
         if len(raw) > RECORD_LIMIT:
-            record = await run_blocking(ckpt.runtime.executor(), json.loads, raw)
+            record = await run_blocking(ckpt.runtime.executor(), jsontext.loads, raw)
         else:
             record = json.loads(raw)
     except ValueError as exc:

@@ -12,7 +12,7 @@ from ..blocking import run_blocking
 from ..config import ALIGN
 from ..errors import ChecksumMismatchError, StateFormatError
 from ..sinks.base import Sink
-from . import chunks
+from . import chunks, jsontext
 from .manifest import Manifest
 from .safetensors_format import (
     FORMAT_VALUE,
@@ -112,7 +112,7 @@ def asyncckpt_metadata(meta: dict[str, str], uri: str) -> tuple[Any, int, list[i
             f"{where}: asyncckpt format {meta.get(K_FORMAT)!r}; this reader knows {FORMAT_VALUE!r}"
         )
     try:
-        tree = json.loads(meta[K_TREE])
+        tree = jsontext.loads(meta[K_TREE])
         chunk = int(meta[K_CHUNK])
     except (KeyError, ValueError) as exc:
         raise StateFormatError(f"{where}: asyncckpt metadata is malformed ({exc})") from None

@@ -69,16 +69,29 @@ class Header:
         return self.size - self.data_start
 
 
+def tensors_json(tensors: Sequence[TensorEntry]) -> str:
+    """The header's tensor members as JSON text, ``"name":{...}`` joined by commas, exactly as
+    ``json.dumps`` writes them. A save builds its header two or three times (the CRC count
+    converges, then the CRCs are filled in) over the same tensors, so this is made once: a
+    dict per tensor encoded each time took 0.3 s per header of 80 000 tensors."""
+    quote = json.encoder.encode_basestring_ascii
+    return ",".join(
+        f'{quote(t.name)}:{{"dtype":{quote(t.dtype.code)},"shape":[{",".join(map(str, t.shape))}],'
+        f'"data_offsets":[{t.start},{t.end}]}}'
+        for t in tensors
+    )
+
+
 def build_header(
-    tensors: Sequence[TensorEntry], metadata: Mapping[str, str], *, align: int = ALIGN
+    tensors: Sequence[TensorEntry] | str, metadata: Mapping[str, str], *, align: int = ALIGN
 ) -> bytearray:
-    """The object's prefix (length + JSON + space padding), ``align``-sized, header CRC set."""
+    """The object's prefix (length + JSON + space padding), ``align``-sized, header CRC set;
+    ``tensors`` as entries or as their :func:`tensors_json`."""
     meta = {str(k): str(v) for k, v in metadata.items()}
     meta[K_HEADER_CRC] = _PLACEHOLDER
-    doc: dict[str, Any] = {METADATA: meta}
-    for t in tensors:
-        doc[t.name] = {"dtype": t.dtype.code, "shape": list(t.shape), "data_offsets": [t.start, t.end]}
-    raw = json.dumps(doc, separators=(",", ":"), ensure_ascii=True).encode()
+    members = tensors if isinstance(tensors, str) else tensors_json(tensors)
+    head = json.dumps({METADATA: meta}, separators=(",", ":"), ensure_ascii=True)
+    raw = (head[:-1] + ("," + members if members else "") + "}").encode()
     total = -(-(8 + len(raw)) // align) * align
     n = total - 8
     if n > MAX_HEADER:

@@ -145,22 +145,24 @@ def split_copies(
         load[i] += _nbytes(piece)
     remaining = sum(len(dst) for dst, _ in runs)
     target = -(-(sum(load) + remaining) // len(bins))
-    at = 0  # bytes of runs[0] already given to a thread
+    r, at = 0, 0  # runs[r] is next, ``at`` bytes of it already given to a thread
     for i, b in enumerate(bins):
         need = remaining if i == len(bins) - 1 else min(remaining, max(0, target - load[i]))
         while need > 0:
-            dst, src = runs[0]
+            dst, src = runs[r]
             # a cut falls on an ALIGN boundary; pieces of at most PIECE let a thread take over
             # the rest of another's list (``drain``)
             take = min(len(dst) - at, -(-need // ALIGN) * ALIGN, PIECE)
-            b.append((copy_bytes, dst[at : at + take], src[at : at + take]))
+            if take == len(dst):  # a whole tensor (most of a state of many): no new views
+                b.append((copy_bytes, dst, src))
+            else:
+                b.append((copy_bytes, dst[at : at + take], src[at : at + take]))
             load[i] += take
             need -= take
             remaining -= take
             at += take
-            if at == len(dst):
-                runs.pop(0)
-                at = 0
+            if at == len(dst):  # the next run (not ``pop(0)``: quadratic in the tensors)
+                r, at = r + 1, 0
     return bins
 
 
