@@ -63,6 +63,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds without progress before a storage call is given up (120: moto on a busy 2-core VM "
         "left a part unacknowledged for the default 20 s)",
     )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        help="seconds one S3 request may take, part uploads and the completion included (300: moto "
+        "assembles a 1 GiB multipart upload in more than the default 10 s, and the drain then failed)",
+    )
     return p.parse_args(argv)
 
 
@@ -117,7 +124,12 @@ async def run(args: argparse.Namespace, remote_base: str, local_base: Path) -> d
     nbytes = sum(a.nbytes for a in state.values())
     rows: list[dict[str, Any]] = []
     async with contextlib.AsyncExitStack() as stack:
-        options = {"chunk_size": parse_size(args.chunk_size), "stall_timeout": args.stall_timeout}
+        options: dict[str, Any] = {
+            "chunk_size": parse_size(args.chunk_size),
+            "stall_timeout": args.stall_timeout,
+        }
+        if remote_base.startswith("s3://"):
+            options["backend_options"] = {"request_timeout": args.request_timeout}
         ckpt = await stack.enter_async_context(AsyncCheckpointer(**options))
         await ckpt.reserve_staging(state)
         for name in ("plain", "tiered"):
