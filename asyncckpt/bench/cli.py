@@ -7,7 +7,6 @@ import contextlib
 import functools
 import logging
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -41,7 +40,7 @@ from .report import format_backend_comparison
 from .resultfiles import stamp, write_json
 from .runner import BenchPlan, BenchReport, run_plan
 from .scaleout import add_scaleout_arguments, parse_with_presets
-from .signals import sigterm_as_sigint
+from .signals import sigterm_as_sigint, temporary_directory
 from .subcommands import run_subcommand
 from .tiered import TieredPlan, run_tiered
 
@@ -325,7 +324,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.embedded_s3 is not None and args.embedded_store is not None:
             raise ConfigError("--embedded-s3 and --embedded-store start one server each; give one of them")
         with contextlib.ExitStack() as stack:
-            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="asyncckpt-bench-"))
+            tmp = temporary_directory(stack, "asyncckpt-bench-")
             if args.embedded_s3 is not None:
                 check_client_library(plan.target or "s3://", plan.config.backend)
 

@@ -10,8 +10,10 @@ task, so every ``finally`` removes what the run wrote; elsewhere it raises
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from types import FrameType
@@ -59,6 +61,36 @@ def sigterm_as_sigint() -> Iterator[Interrupt]:
         yield INTERRUPT
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM held back while inside (delivered, and so raised, on the way out):
+    for steps that must not stop halfway, such as removing the run's directory, which a
+    signal between its last file and the directory itself left behind, empty."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def temporary_directory(stack: contextlib.ExitStack, prefix: str) -> str:
+    """A new directory, removed when ``stack`` closes, however a signal falls: it is created
+    and its removal registered as one step, and it is removed as one."""
+
+    def remove(path: str) -> None:
+        with deferred():
+            shutil.rmtree(path, ignore_errors=True)
+
+    with deferred():
+        path = tempfile.mkdtemp(prefix=prefix)
+        stack.callback(remove, path)
+    return path
 
 
 def end_job_if_distributed(comm: Comm) -> None:
