@@ -1,13 +1,12 @@
 """JSON of documents that grow with the tensors (a state's tree, a step index), made and read
 so that a worker thread doing it lets the event loop's thread run.
 
-CPython's C encoder and decoder hold the GIL for a whole document: the 7 MB step index of
-80 000 tensors held it 0.13-0.36 s in a worker thread, and the loop's thread, waiting for the
-GIL, was blocked as surely as if it did the work itself. Here the C encoder makes parts of at
-most ``SMALL`` members and Python joins them, and the decoder builds every object through a
-Python hook; the interpreter hands the GIL over at
-those points every ``sys.getswitchinterval()`` (5 ms). The text is exactly ``json.dumps``'s
-with the same options.
+CPython's C encoder and decoder hold the GIL for a whole document: encoding the 9 MB step
+index of 80 000 tensors in a worker thread stopped the loop's thread for 0.29-0.41 s, as surely
+as if the loop did the work itself (docs/benchmarks.md, many small tensors). Here the C encoder
+makes parts of at most ``SMALL`` members and Python joins them, and the decoder builds every
+object through a Python hook; the interpreter hands the GIL over at those points every
+``sys.getswitchinterval()`` (5 ms). The text is exactly ``json.dumps``'s with the same options.
 """
 
 from __future__ import annotations
