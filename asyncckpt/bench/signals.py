@@ -67,29 +67,54 @@ def sigterm_as_sigint() -> Iterator[Interrupt]:
 def deferred() -> Iterator[None]:
     """SIGINT and SIGTERM held back while inside (delivered, and so raised, on the way out):
     for steps that must not stop halfway, such as removing the run's directory, which a
-    signal between its last file and the directory itself left behind, empty."""
-    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread
+    signal between its last file and the directory itself left behind, empty.
+
+    The handlers are swapped for one that only records, rather than the signals blocked: a
+    blocked mask is per thread, and the kernel hands a process's signal to any thread that
+    does not block it (an executor's, a BLAS library's), where the default action ends the
+    process and a Python handler still runs in the main thread. An ignored signal stays ignored."""
+    if threading.current_thread() is not threading.main_thread():  # handlers: main thread only
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    caught: list[int] = []
+
+    def record(signum: int, frame: FrameType | None) -> None:
+        caught.append(signum)
+
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if handler is not signal.SIG_IGN and handler is not None:  # None: set outside Python
+            previous[signum] = signal.signal(signum, record)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for held in dict.fromkeys(caught):  # each once, in arrival order, to its own handler
+            signal.raise_signal(held)
+
+
+def make_temporary(prefix: str) -> str:
+    """A new temporary directory, made with SIGINT and SIGTERM held back, so that a signal
+    cannot fall between its creation and the caller's record of it."""
+    with deferred():
+        return tempfile.mkdtemp(prefix=prefix)
+
+
+def remove_temporary(path: str) -> None:
+    """Remove a directory this run made, as one step: a signal is delivered after, never
+    between its last file and the directory itself."""
+    with deferred():
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def temporary_directory(stack: contextlib.ExitStack, prefix: str) -> str:
     """A new directory, removed when ``stack`` closes, however a signal falls: it is created
     and its removal registered as one step, and it is removed as one."""
-
-    def remove(path: str) -> None:
-        with deferred():
-            shutil.rmtree(path, ignore_errors=True)
-
     with deferred():
-        path = tempfile.mkdtemp(prefix=prefix)
-        stack.callback(remove, path)
+        path = make_temporary(prefix)
+        stack.callback(remove_temporary, path)
     return path
 
 
