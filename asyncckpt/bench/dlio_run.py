@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import socket
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from datetime import datetime
@@ -51,7 +49,7 @@ from .mpi_runner import RankFailure, outcome_of, settle
 from .plan_args import plan_from_args, run_with_loop
 from .runner import BenchPlan
 from .scaleout import ScaleoutInfo
-from .signals import end_job_if_distributed
+from .signals import end_job_if_distributed, make_temporary, remove_temporary
 
 
 def object_uri(base: str, step: int, obj: PlannedObject) -> str:
@@ -73,7 +71,7 @@ def _setup(base: str | None, steps: int, mode: str) -> dict[str, Any]:
     if base is None:
         if mode == "load":
             raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
-        base = created = tempfile.mkdtemp(prefix="asyncckpt-dlio-")
+        base = created = make_temporary("asyncckpt-dlio-")
     made: list[str] = []
     if _is_local(base):
         root = path_from_uri(base)
@@ -98,7 +96,7 @@ def _undo_setup(shared: dict[str, Any]) -> None:
     empty, and the temporary base it created."""
     remove_empty(shared["made_dirs"])
     if shared["created"]:
-        shutil.rmtree(shared["created"], ignore_errors=True)
+        remove_temporary(shared["created"])
 
 
 async def _phase(

@@ -15,10 +15,8 @@ New phases (e.g. loading) plug in as :class:`Phase` entries in :func:`phases_for
 from __future__ import annotations
 
 import argparse
-import shutil
 import socket
 import sys
-import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,7 +39,7 @@ from .report import format_distributed
 from .resultfiles import stamp
 from .runner import BenchPlan
 from .scaleout import ScaleoutInfo
-from .signals import end_job_if_distributed
+from .signals import end_job_if_distributed, make_temporary, remove_temporary
 
 
 @dataclass(frozen=True)
@@ -128,7 +126,7 @@ def _setup(plan: BenchPlan, layout: str, mkdirs: bool, size: int) -> dict[str, A
     if base is None and plan_mode(plan) == "load":
         raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
     if base is None:
-        base = created = tempfile.mkdtemp(prefix="asyncckpt-bench-")
+        base = created = make_temporary("asyncckpt-bench-")
     elif (path := local_path(base)) is not None:
         if path.exists() and not path.is_dir():
             raise ConfigError(
@@ -216,7 +214,7 @@ def run_distributed(
     if bad is not None or not shared:
         r, e = bad or (0, "no setup from rank 0")
         if root and shared and shared.get("created"):
-            shutil.rmtree(shared["created"], ignore_errors=True)
+            remove_temporary(shared["created"])
         return fail(2, f"error: {e}" if r == 0 else f"error on rank {r}: {e}")
     setup = shared
     if root:
@@ -240,7 +238,7 @@ def run_distributed(
         code = fail(1, f"failed: {exc}")
     except KeyboardInterrupt:  # SIGINT/SIGTERM: this rank's saves removed what they published
         if root and setup["created"] and not plan.keep:
-            shutil.rmtree(setup["created"], ignore_errors=True)
+            remove_temporary(setup["created"])
         end_job_if_distributed(comm)
         raise
     except BaseException as exc:  # outside the protocol: the other ranks may be waiting
@@ -252,7 +250,7 @@ def run_distributed(
         comm.close()
     comm.barrier()
     if root and setup["created"] and not plan.keep:
-        shutil.rmtree(setup["created"], ignore_errors=True)
+        remove_temporary(setup["created"])
     if not root or code:
         return code
     # 3. report (rank 0 only)

@@ -493,24 +493,24 @@ def _prepare_load(
     """(tree, chunk size, manifest to verify against, destinations, what the reads know, the
     scatter of their bytes); blocking: a header of 10 000 tensors takes 0.1 s to check and bind."""
     chosen = select.select([e.name for e in header.tensors], keys, prefix_keys)
-    config_chunk = chunk
+    saved_chunk = chunk  # the object's own checksum chunk when it records one
     tree: Any = None
     manifest: Manifest | None = None
     if is_ours(header.metadata):
-        tree, chunk, crcs = asyncckpt_metadata(header.metadata, uri)
+        tree, saved_chunk, crcs = asyncckpt_metadata(header.metadata, uri)
         if verify:
-            manifest = header_manifest(prefix, header, uri, chunk, crcs)
+            manifest = header_manifest(prefix, header, uri, saved_chunk, crcs)
         if chosen is not None:
             tree = select.prune(tree, chosen)
     entries = [e for e in header.tensors if chosen is None or e.name in chosen]
     dests = _destinations(entries, into, as_torch)
     known = Known(
-        manifest=manifest or chunks.manifest_of(uri, header.size, config_chunk, ()),
+        manifest=manifest or chunks.manifest_of(uri, header.size, chunk, ()),
         size=header.size,
         verify=manifest is not None,
         spans=None if chosen is None else _spans(header, dests, manifest),
     )
-    return tree, chunk, manifest, dests, known, _Scatter(header, prefix, dests, uri)
+    return tree, saved_chunk, manifest, dests, known, _Scatter(header, prefix, dests, uri)
 
 
 def _spans(
