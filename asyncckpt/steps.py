@@ -20,10 +20,11 @@ import os
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from .blocking import run_blocking
+from .checksum import crc
 from .engine import jsontext
 from .engine.runtime import Runtime
 from .errors import ConfigError, IntegrityError, StepNotCommittedError, TargetNotFoundError
@@ -90,6 +91,10 @@ class StepCommit:
     #: the step index (``asyncckpt-index.json``: where each tensor lies), which lets any
     #: number of ranks load the step; None in records written before it existed
     index: str | None = None
+    #: CRC32C (8 hex digits) of each index file of the step, by name (the step index, the
+    #: Hugging Face index): an index is read through its byte ranges without a checksum of its
+    #: own, so a changed digit would load the wrong bytes, verified; None in older records
+    checksums: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -150,15 +155,59 @@ def _encode(record: Mapping[str, Any]) -> bytes:
     return jsontext.dumps(record, sort_keys=True).encode()
 
 
-async def put_record(ckpt: StepHost, uri: str, record: Mapping[str, Any], *, large: bool = False) -> None:
-    """Publish a JSON record at ``uri`` atomically (the backend's one commit); ``large`` (an
-    index): encoded in a thread, since megabytes of JSON are the loop's time else."""
-    raw = await run_blocking(ckpt.runtime.executor(), _encode, record) if large else _encode(record)
+def digest(raw: bytes) -> str:
+    """The CRC32C of an index file as a commit record gives it (8 hex digits)."""
+    return f"{crc(raw):08x}"
+
+
+def _encode_summed(record: Mapping[str, Any]) -> tuple[bytes, str]:
+    raw = _encode(record)
+    return raw, digest(raw)
+
+
+async def put_raw(ckpt: StepHost, uri: str, raw: bytes) -> None:
+    """Publish ``raw`` at ``uri`` atomically (the backend's one commit)."""
     sink = await ckpt.storage.handle(uri)
     try:
         await put_bytes(sink, raw)
     finally:
         await sink.aclose()
+
+
+async def put_record(ckpt: StepHost, uri: str, record: Mapping[str, Any], *, large: bool = False) -> None:
+    """Publish a JSON record at ``uri`` atomically (the backend's one commit); ``large`` (an
+    index): encoded in a thread, since megabytes of JSON are the loop's time else."""
+    raw = await run_blocking(ckpt.runtime.executor(), _encode, record) if large else _encode(record)
+    await put_raw(ckpt, uri, raw)
+
+
+async def put_index(ckpt: StepHost, uri: str, record: Mapping[str, Any]) -> str:
+    """Publish an index file (encoded and summed in a thread); returns its CRC32C for the
+    commit record."""
+    raw, summed = await run_blocking(ckpt.runtime.executor(), _encode_summed, record)
+    await put_raw(ckpt, uri, raw)
+    return summed
+
+
+async def get_index_bytes(ckpt: StepHost, uri: str, expected: str | None) -> bytes | None:
+    """The bytes of an index file, None if absent; IntegrityError naming both values when
+    they do not match ``expected``, the CRC32C its commit record gives (None: not known)."""
+    sink = await ckpt.storage.handle(uri)
+    try:
+        raw = await get_bytes(sink, INDEX_LIMIT)
+    except TargetNotFoundError:
+        return None
+    finally:
+        await sink.aclose()
+    if expected is not None:
+        got = await run_blocking(ckpt.runtime.executor(), digest, raw)
+        if got != expected:
+            raise IntegrityError(
+                f"{uri!r} has CRC32C {got}, its commit record says {expected}: the index file "
+                "changed after it was written; load this step on the number of ranks that saved it, "
+                "or an earlier step"
+            )
+    return raw
 
 
 async def get_record(ckpt: StepHost, uri: str, *, limit: int = RECORD_LIMIT) -> dict[str, Any] | None:
@@ -171,6 +220,11 @@ async def get_record(ckpt: StepHost, uri: str, *, limit: int = RECORD_LIMIT) -> 
         return None
     finally:
         await sink.aclose()
+    return await parse_record(ckpt, uri, raw)
+
+
+async def parse_record(ckpt: StepHost, uri: str, raw: bytes) -> dict[str, Any]:
+    """The JSON object in ``raw`` (read from ``uri``), parsed in a thread when large."""
     try:
         if len(raw) > RECORD_LIMIT:
             record = await run_blocking(ckpt.runtime.executor(), jsontext.loads, raw)
@@ -332,21 +386,38 @@ async def _commit(
         metadata=metadata,
         index=step_index.INDEX,
     )
+    outcome: tuple[bool, Any] = (True, None)
     if coll.is_coordinator:
-        await put_record(ckpt, f"{base}/{step_index.INDEX}", built, large=True)  # before the commit
-        await _put_index(ckpt, base, [e[4] for e in every if e])
-        await put_record(ckpt, f"{base}/{COMMIT}", asdict(record))
-    await coll.barrier()  # no rank reports the step committed before the record is there
-    return record
+        try:
+            sums = {step_index.INDEX: await put_index(ckpt, f"{base}/{step_index.INDEX}", built)}
+            hf = await _put_hf_index(ckpt, base, [e[4] for e in every if e])
+            if hf is not None:
+                sums[HF_INDEX] = hf
+            record = replace(record, checksums=sums)
+            await put_record(ckpt, f"{base}/{COMMIT}", asdict(record))  # last
+            outcome = (True, sums)
+        except Exception as exc:  # the other ranks learn it rather than wait for a commit
+            outcome = (False, f"{type(exc).__name__}: {exc}")
+            await coll.broadcast_object(outcome)
+            raise
+    # no rank reports the step committed before the record is there
+    ok, told = await coll.broadcast_object(outcome)
+    if not ok:
+        raise StepNotCommittedError(
+            f"step {step} under {base!r} not committed: rank 0 failed to commit it: {told}"
+        )
+    return replace(record, checksums=told)
 
 
-async def _put_index(ckpt: StepHost, base: str, objects: list[ObjectTensors]) -> None:
-    """The step's Hugging Face index (atomic, as any record), or none: a stale one is removed."""
+async def _put_hf_index(ckpt: StepHost, base: str, objects: list[ObjectTensors]) -> str | None:
+    """The step's Hugging Face index (atomic, as any record) and its CRC32C, or none: a stale
+    one is removed."""
     index = await run_blocking(ckpt.runtime.executor(), hf_index, objects)
     if index is not None:
-        await put_record(ckpt, f"{base}/{HF_INDEX}", index, large=True)
-    elif HF_INDEX in await _list(ckpt, base):  # left by an earlier save of this step number
+        return await put_index(ckpt, f"{base}/{HF_INDEX}", index)
+    if HF_INDEX in await _list(ckpt, base):  # left by an earlier save of this step number
         await _delete(ckpt, f"{base}/{HF_INDEX}")
+    return None
 
 
 async def save_step(
@@ -411,8 +482,9 @@ async def load_step(
                 f"before 0.x); this job has {coll.world_size}: load it on {record.world_size} ranks"
             )
         where = f"{base}/{record.index}"
+        expected = (record.checksums or {}).get(record.index)
         index = await run_blocking(
-            ckpt.runtime.executor(), step_index.parse, await _index_record(ckpt, where), where
+            ckpt.runtime.executor(), step_index.parse, await _index_record(ckpt, where, expected), where
         )
         state, reads = await reshard.load(
             ckpt.runtime, ckpt.storage, base, index, into=into, as_torch=as_torch, keys=keys, prefix=prefix
@@ -431,11 +503,11 @@ def _boxes_wanted(into: Mapping[Any, Any] | None) -> bool:
     return any(isinstance(leaf.value, Shard) or is_dtensor(leaf.value) for leaf in flatten(into)[1])
 
 
-async def _index_record(ckpt: StepHost, uri: str) -> dict[str, Any]:
-    record = await get_record(ckpt, uri, limit=INDEX_LIMIT)
-    if record is None:
+async def _index_record(ckpt: StepHost, uri: str, expected: str | None) -> dict[str, Any]:
+    raw = await get_index_bytes(ckpt, uri, expected)
+    if raw is None:
         raise IntegrityError(f"{uri!r}: the step index its commit record names is missing")
-    return record
+    return await parse_record(ckpt, uri, raw)
 
 
 async def delete_step(ckpt: StepHost, root: str | os.PathLike[str], step: int) -> list[str]:

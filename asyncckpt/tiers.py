@@ -440,6 +440,7 @@ class Tiers:
             committed_at=time.time(),
             metadata=metadata,
             index=index,
+            checksums=record.checksums if record is not None else None,
         )
         await steps.put_record(self.host, f"{base}/{steps.COMMIT}", asdict(remote))
         mine.remote_commit_s = None if mine.started_at is None else time.time() - mine.started_at
@@ -449,9 +450,19 @@ class Tiers:
     async def _copy_indexes(self, step: int, base: str, record: StepCommit | None) -> str | None:
         """The step's indexes, local to remote, before the remote commit names them: the step
         index (without it no other number of ranks can load the remote copy) and the Hugging
-        Face index when the step has one. Returns the step index's name, as the record gives it."""
+        Face index when the step has one. Returns the step index's name, as the record gives it.
+
+        Copied as bytes, checked against the CRC32C the commit record gives; a record written
+        before it gave them: parsed as JSON and written again, the check it had then."""
         local = steps.step_uri(self.local, step)
         index = record.index if record is not None else None
+        if record is not None and record.checksums is not None:
+            for name, expected in record.checksums.items():
+                raw = await steps.get_index_bytes(self.host, f"{local}/{name}", expected)
+                if raw is None:
+                    raise IntegrityError(f"{local}/{name}: an index file its commit record names is missing")
+                await steps.put_raw(self.host, f"{base}/{name}", raw)
+            return index
         for name in ([index] if index else []) + [HF_INDEX]:
             got = await steps.get_record(self.host, f"{local}/{name}", limit=steps.INDEX_LIMIT)
             if got is None:

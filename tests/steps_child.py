@@ -4,7 +4,9 @@
 ``crash``: commit step 1, then in step 2 rank 1 SIGKILLs itself once its object is durable,
 before the ranks agree the step is complete; rank 0 waits in the all-gather until the
 launcher tears the job down. Step 2 must stay uncommitted. ``fail``: rank 1's state of step 2
-cannot be saved; each rank writes the error it got to ``ROOT/error-<r>.txt``.
+cannot be saved; each rank writes the error it got to ``ROOT/error-<r>.txt``. ``commitfail``:
+every object of step 2 is saved but rank 0 cannot write its index (a directory holds the
+name); each rank writes the error it got to ``ROOT/error-<r>.txt``.
 ``policies``: a manager with ``every_seconds`` is refused on each rank (``ROOT/error-<r>.txt``);
 one with ``every_n_steps`` and ``best_n`` saves steps 1 and 2 with metrics.
 """
@@ -24,6 +26,7 @@ from asyncckpt import AsyncCheckpointer, CheckpointManager
 from asyncckpt.errors import ConfigError
 from asyncckpt.node.collectives import get_collectives
 from asyncckpt.node.topology import world
+from asyncckpt.state.index import INDEX
 from asyncckpt.steps import save_step, start_step
 
 
@@ -63,6 +66,14 @@ async def main(root: Path, mode: str) -> None:
             bad = {"z": np.zeros(3, np.complex128)} if coll.rank == 1 else state_of(0, 2)
             try:
                 await save_step(ckpt, root, 2, bad, coll=coll)
+            except Exception as exc:
+                (root / f"error-{coll.rank}.txt").write_text(f"{type(exc).__name__}: {exc}")
+            return
+        if mode == "commitfail":  # rank 0 cannot publish the index: no rank may wait for it
+            if coll.rank == 0:
+                (root / "step-2" / INDEX).mkdir(parents=True)
+            try:
+                await save_step(ckpt, root, 2, state_of(coll.rank, 2), coll=coll)
             except Exception as exc:
                 (root / f"error-{coll.rank}.txt").write_text(f"{type(exc).__name__}: {exc}")
             return

@@ -32,6 +32,7 @@ from asyncckpt import (
 from asyncckpt.engine.chunks import CHECK_BLOCK
 from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.state import index as step_index
+from asyncckpt.steps import COMMIT, digest
 
 from .launch import torchrun
 from .reshard_child import full
@@ -182,6 +183,11 @@ async def test_an_index_of_another_version_is_a_clear_error(tmp_path: Path) -> N
         record = json.loads(await asyncio.to_thread(index.read_text))
         record["version"] = 0
         await asyncio.to_thread(index.write_text, json.dumps(record))
+        # as its writer would have: the commit record gives the new file's CRC32C
+        commit = tmp_path / "step-1" / COMMIT
+        facts = json.loads(await asyncio.to_thread(commit.read_text))
+        facts["checksums"]["asyncckpt-index.json"] = digest(index.read_bytes())
+        await asyncio.to_thread(commit.write_text, json.dumps(facts))
         with pytest.raises(StateFormatError, match="step index version 0; this asyncckpt reads version 1"):
             await c.load_step(
                 tmp_path,

@@ -184,6 +184,18 @@ async def test_a_rank_whose_save_fails_fails_the_step_on_every_rank(tmp_path: Pa
 
 
 @pytest.mark.mpi
+async def test_rank_0_failing_to_commit_fails_the_step_on_every_rank(tmp_path: Path) -> None:
+    """Every object durable, then rank 0 cannot write the step's index: the other rank hears
+    of it and raises, rather than wait for a commit record that will not come."""
+    proc = await asyncio.to_thread(mpirun, "tests.steps_child", str(tmp_path), "commitfail")
+    assert proc.returncode == 0, proc.stderr  # nobody hung
+    assert "asyncckpt-index.json" in (tmp_path / "error-0.txt").read_text()
+    told = (tmp_path / "error-1.txt").read_text()
+    assert told.startswith("StepNotCommittedError: step 2 under") and "rank 0 failed to commit it" in told
+    assert not (tmp_path / "step-2" / COMMIT).exists() and (tmp_path / "step-1" / COMMIT).exists()
+
+
+@pytest.mark.mpi
 async def test_a_rank_killed_mid_step_leaves_the_previous_step_loadable(tmp_path: Path) -> None:
     proc = await asyncio.to_thread(mpirun, "tests.steps_child", str(tmp_path), "crash")
     assert proc.returncode != 0  # rank 1 was SIGKILLed, the launcher tore rank 0 down
