@@ -245,6 +245,16 @@ async def _delete(ckpt: StepHost, uri: str) -> None:
         await sink.aclose()
 
 
+async def _withdraw_commit(ckpt: StepHost, base: str) -> None:
+    """The commit record an earlier save of this step number left, removed before this rank's
+    object replaces the one it names (each rank, in the directory it sees): a crash before the
+    new commit then leaves the step uncommitted, never the old record over new objects."""
+    try:
+        await _delete(ckpt, f"{base}/{COMMIT}")
+    except TargetNotFoundError:
+        pass
+
+
 async def make_directory(ckpt: StepHost, uri: str) -> None:
     """The directory ``uri`` (files); object stores have no directories: a no-op there."""
     sink = await ckpt.storage.handle(uri)
@@ -326,6 +336,7 @@ async def start_step(
     """
     base = step_uri(check_root(root, ckpt.storage), check_step(step))
     await make_directory(ckpt, base)
+    await _withdraw_commit(ckpt, base)
     if coll.is_coordinator:
         owner = {"host": host(), "boot": boot_id(), "pid": os.getpid(), "started_at": time.time()}
         await put_record(ckpt, f"{base}/{OWNER}", owner)
@@ -491,8 +502,25 @@ async def load_step(
         )
         return StepLoad(step=step, state=state, result=None, reads=reads)
     uri = f"{base}/{record.objects[coll.rank]}"
+    await _check_named(ckpt, uri, record.sizes[coll.rank])
     loaded = await ckpt.load_state(uri, into=into, as_torch=as_torch, keys=keys, prefix=prefix)
     return StepLoad(step=step, state=loaded.state, result=loaded)
+
+
+async def _check_named(ckpt: StepHost, uri: str, size: int) -> None:
+    """The object is the one its commit record names, as far as its size tells, before any
+    byte of it reaches the caller's arrays (a record copied or restored by hand over other
+    objects; records of this version are withdrawn before a step is saved again)."""
+    sink = await ckpt.storage.handle(uri)
+    try:
+        found = await sink.size()
+    finally:
+        await sink.aclose()
+    if found != size:
+        raise IntegrityError(
+            f"{uri!r} is {found} bytes, its step's commit record names an object of {size}: "
+            "it is not the object that was committed; load an earlier step"
+        )
 
 
 def _boxes_wanted(into: Mapping[Any, Any] | None) -> bool:
