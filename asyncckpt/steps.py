@@ -15,12 +15,13 @@ can remove it once that owner provably died (:mod:`asyncckpt.owner`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
 from .blocking import run_blocking
@@ -72,7 +73,10 @@ class StepHost(Protocol):
 
 COMMIT = "COMMITTED.json"
 OWNER = "OWNER.json"
-_STEP = re.compile(r"^step-(\d{1,18})$")
+#: step numbers are below 2**63 (19 digits: a nanosecond clock fits), as torch's and
+#: NumPy's int64 step counters are
+STEP_LIMIT = 1 << 63
+_STEP = re.compile(r"^step-(\d{1,19})$")
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,9 @@ class StepCommit:
     #: Hugging Face index): an index is read through its byte ranges without a checksum of its
     #: own, so a changed digit would load the wrong bytes, verified; None in older records
     checksums: dict[str, str] | None = None
+
+
+_RECORD_FIELDS = frozenset(f.name for f in fields(StepCommit))
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,8 @@ def check_root(root: object, storage: StorageRouter) -> str:
 def check_step(step: object) -> int:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ConfigError(f"step must be a non-negative integer, got {step!r}")
+    if step >= STEP_LIMIT:
+        raise ConfigError(f"step must be below 2**63 ({STEP_LIMIT}), got {step}")
     return step
 
 
@@ -249,10 +258,8 @@ async def _withdraw_commit(ckpt: StepHost, base: str) -> None:
     """The commit record an earlier save of this step number left, removed before this rank's
     object replaces the one it names (each rank, in the directory it sees): a crash before the
     new commit then leaves the step uncommitted, never the old record over new objects."""
-    try:
+    with contextlib.suppress(TargetNotFoundError):  # none: the usual case
         await _delete(ckpt, f"{base}/{COMMIT}")
-    except TargetNotFoundError:
-        pass
 
 
 async def make_directory(ckpt: StepHost, uri: str) -> None:
@@ -280,7 +287,7 @@ async def exists(ckpt: StepHost, uri: str) -> bool:
 async def steps_under(ckpt: StepHost, root: str | os.PathLike[str]) -> list[int]:
     """Every step number with a directory under ``root`` (committed or not), ascending."""
     names = await _list(ckpt, check_root(root, ckpt.storage))
-    return sorted(int(m[1]) for m in map(_STEP.match, names) if m)
+    return sorted(n for m in map(_STEP.match, names) if m and (n := int(m[1])) < STEP_LIMIT)
 
 
 async def read_commit(ckpt: StepHost, root: str | os.PathLike[str], step: int) -> StepCommit | None:
@@ -289,8 +296,8 @@ async def read_commit(ckpt: StepHost, root: str | os.PathLike[str], step: int) -
     record = await get_record(ckpt, uri)
     if record is None:
         return None
-    try:
-        return StepCommit(**record)
+    try:  # fields a later version added are passed over: a newer record stays readable
+        return StepCommit(**{k: v for k, v in record.items() if k in _RECORD_FIELDS})
     except TypeError as exc:
         raise IntegrityError(f"{uri!r} is not a commit record: {exc}") from None
 

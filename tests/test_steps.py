@@ -118,6 +118,29 @@ async def test_uncommitted_step_is_refused_and_passed_over(tmp_path: Path) -> No
         assert (await c.load_step(root)).step == 1
 
 
+async def test_a_nanosecond_clock_step_is_listed_and_loaded(tmp_path: Path) -> None:
+    """19 digits: saved and committed, then passed over by every listing (an 18-digit pattern)."""
+    step = 1_796_325_054_166_750_400
+    async with files_ckpt() as c:
+        await c.save_step(tmp_path, 7, state_of(7))
+        await c.save_step(tmp_path, step, state_of(8))
+        assert await steps_under(c, tmp_path) == [7, step]
+        assert await latest_step(c, tmp_path) == step
+        assert (await c.load_step(tmp_path)).step == step
+
+
+async def test_a_record_with_a_field_of_a_later_version_is_read(tmp_path: Path) -> None:
+    """A manager refused to start over a root holding one (every step was then unreadable)."""
+    async with files_ckpt() as c:
+        await c.save_step(tmp_path, 3, state_of(3))
+        path = tmp_path / "step-3" / COMMIT
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, "a_later_field": {"x": 1}}))
+        found = await read_commit(c, tmp_path, 3)
+        assert found is not None and found.step == 3
+        assert (await c.load_step(tmp_path)).step == 3
+
+
 async def test_bad_input_is_refused_before_any_io(tmp_path: Path) -> None:
     a_file = tmp_path / "f"
     a_file.write_bytes(b"")
@@ -125,6 +148,8 @@ async def test_bad_input_is_refused_before_any_io(tmp_path: Path) -> None:
         for step in (-1, True, 1.5, "3"):
             with pytest.raises(ConfigError, match="step must be a non-negative integer"):
                 await c.save_step(tmp_path / "r", step, state_of(0))  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"step must be below 2\*\*63 .*got 9223372036854775808"):
+            await c.save_step(tmp_path / "r", 1 << 63, state_of(0))
         with pytest.raises(ConfigError, match="is a file, not a directory of steps"):
             await c.latest_step(a_file)
         with pytest.raises(ConfigError, match="s3://bucket/prefix"):
