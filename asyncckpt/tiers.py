@@ -39,7 +39,7 @@ from .node.collectives import Collectives
 from .node.launcher import local_rank
 from .owner import Owner, boot_id, host
 from .retention import RetentionPolicy, to_delete
-from .sinks import leftovers
+from .sinks import leftovers, path_from_uri
 from .state.hf_index import INDEX as HF_INDEX
 from .steps import StepCommit, StepHost, StepLoad
 
@@ -119,8 +119,9 @@ def check_tiers(remote: str, local: object, keep_local: object, host: StepHost) 
 
 
 def _same_dir(a: str, b: str) -> bool:
-    strip = "file://"
-    pa, pb = (os.path.realpath(x.removeprefix(strip)) for x in (a, b))
+    """Whether two local roots overlap, however each is written (a path, ``file://``,
+    ``direct://``, through a symlink)."""
+    pa, pb = (os.path.realpath(path_from_uri(x)) for x in (a, b))
     return pa == pb or pa.startswith(pb + os.sep) or pb.startswith(pa + os.sep)
 
 

@@ -242,6 +242,10 @@ def test_the_local_root_must_not_be_the_remote_root(tmp_path: Path) -> None:
         CheckpointManager(tmp_path, local=tmp_path, **OPTIONS)
     with pytest.raises(ConfigError, match="overlap"):
         CheckpointManager(tmp_path, local=tmp_path / "local", **OPTIONS)
+    # however the same directory is written: local pruning deleted remote steps
+    for local in (f"direct://{tmp_path}", f"file://{tmp_path}", f"direct://{tmp_path}/local"):
+        with pytest.raises(ConfigError, match="overlap"):
+            CheckpointManager(str(tmp_path), local=local, **OPTIONS)
 
 
 def test_an_explicit_s3_backend_chooses_the_remotes_library_not_the_local_tiers(tmp_path: Path) -> None:
