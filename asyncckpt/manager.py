@@ -486,6 +486,8 @@ class CheckpointManager:
             self.stats.left.append((step, f"its save failed in a collective: {cause}"))
             return
         try:
+            if step not in await steps.steps_under(self.ckpt, self.root):
+                return  # nothing of it was made (its directory could not be created)
             if await steps.read_commit(self.ckpt, self.root, step) is not None:
                 return  # committed after all (a later barrier failed): a loadable step
             await steps.delete_step(self.ckpt, self.root, step)

@@ -10,9 +10,10 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from asyncckpt import AsyncCheckpointer, AsyncCkptError, StoragePermissionError
+from asyncckpt import AsyncCheckpointer, AsyncCkptError, CheckpointManager, StoragePermissionError
 from asyncckpt.units import MiB
 
 from .conftest import files_in, mounted, run_bench
@@ -46,6 +47,22 @@ async def test_save_to_read_only_fs_raises_permission_error_and_keeps_old(rw_tmp
     assert "Read-only file system" in str(err) and str(target) in str(err)
     assert loaded.size_bytes == 2 * CHUNK + 5
     assert files_in(rw_tmpfs) == before
+
+
+async def test_steps_and_a_manager_on_a_read_only_root_raise_the_librarys_error(
+    rw_tmpfs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The step directory's creation gave pathlib's raw OSError, and the manager then warned
+    that it could not remove a step it never made."""
+    remount_ro(rw_tmpfs)
+    state = {"w": np.ones(4, np.float32)}
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
+        with pytest.raises(StoragePermissionError, match=f"create the directory '{rw_tmpfs}/step-1'"):
+            await ckpt.save_step(rw_tmpfs, 1, state)
+    async with CheckpointManager(rw_tmpfs, chunk_size=CHUNK, num_buffers=2) as mgr:
+        with pytest.raises(StoragePermissionError, match="Read-only file system"):
+            await mgr.maybe_save(1, state)
+    assert mgr.stats.left == [] and "could not remove" not in caplog.text
 
 
 def test_bench_on_read_only_fs_prints_one_line(tmp_path: Path) -> None:

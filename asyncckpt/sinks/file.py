@@ -108,7 +108,10 @@ class FileSink(Sink):
             raise ConfigError(f"root {uri!r} is a file, not a directory of steps")
 
     async def make_directory(self) -> None:
-        await run_blocking(self.executor, functools.partial(self.path.mkdir, parents=True, exist_ok=True))
+        try:
+            await run_blocking(self.executor, functools.partial(self.path.mkdir, parents=True, exist_ok=True))
+        except OSError as exc:
+            raise map_os_error(exc, f"create the directory {str(self.path)!r}") from None
 
     backend = "file"
     # writes (and, for a load, reads) in flight: one left a quarter of the device unused
