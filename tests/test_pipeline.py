@@ -12,9 +12,11 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
-from asyncckpt import AsyncCheckpointer, StorageError
+from asyncckpt import AsyncCheckpointer, ConfigError, StorageError
 from asyncckpt.blocking import run_blocking
 from asyncckpt.results.metrics import GENERATION, IO
 from asyncckpt.sinks import BACKENDS, SCHEMES, register_backend
@@ -224,3 +226,24 @@ async def test_the_first_failure_is_reported_not_its_consequence() -> None:
     finally:
         BACKENDS.clear(), BACKENDS.update(saved_b)
         SCHEMES.clear(), SCHEMES.update(saved_s)
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ("hello", "got str"),
+        (torch.ones(4), "got Tensor; save tensors with save_state"),
+        (np.ones((4, 4))[:, ::2], "not C-contiguous"),
+        ([b"ab", 3], "got int"),
+    ],
+)
+async def test_data_without_bytes_is_a_config_error_naming_it(
+    tmp_path: Path, data: object, named: str
+) -> None:
+    """It was the raw TypeError of ``memoryview`` (``save(uri, data=torch.ones(4))``)."""
+    target = tmp_path / "x.bin"
+    async with AsyncCheckpointer(chunk_size=MiB, num_buffers=2) as ckpt:
+        size = 3 if isinstance(data, list) else None  # an iterable needs its size
+        with pytest.raises(ConfigError, match=named):
+            await ckpt.save(target, size, data=data)  # type: ignore[arg-type]
+    assert await asyncio.to_thread(os.listdir, tmp_path) == []

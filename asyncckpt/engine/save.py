@@ -26,6 +26,7 @@ from ..sinks.isolation import SharedBufferPool
 from ..sinks.router import StorageRouter
 from ..sources import CallerData, make_source
 from ..sources.base import Source
+from ..sources.caller import as_bytes_view
 from .monitor import LoopMonitor, now
 from .pipeline import (
     PipelineTimes,
@@ -66,7 +67,7 @@ async def save_object(
     if size is None:
         if data is None or not hasattr(data, "__len__"):
             raise ConfigError("size is required unless data is a bytes-like object")
-        size = memoryview(data).nbytes  # type: ignore[arg-type]
+        size = as_bytes_view(data).nbytes
     size = validate_size(size)
     cfg = rt.config
     if expect_crc32c is not None and not cfg.checksums:

@@ -25,11 +25,21 @@ _YIELD_EVERY = 256
 CallerData = Buffer | Iterable[Buffer] | AsyncIterable[Buffer]
 
 
-def _as_bytes_view(item: object) -> memoryview:
+def as_bytes_view(item: object) -> memoryview:
+    """``item``'s bytes, flat; ConfigError naming its type when it has none to give (a str, a
+    torch tensor: save_state takes tensors) or they are not contiguous."""
     try:
         view = memoryview(item)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise ConfigError(f"data items must support the buffer protocol, got {type(item).__name__}") from exc
+    except TypeError:
+        raise ConfigError(
+            f"data must be bytes-like (bytes, bytearray, memoryview, a contiguous NumPy array) or "
+            f"an iterable of such, got {type(item).__name__}; save tensors with save_state"
+        ) from None
+    if not view.c_contiguous:
+        raise ConfigError(
+            f"data of type {type(item).__name__} is not C-contiguous; copy it first "
+            "(numpy.ascontiguousarray) or save it with save_state"
+        )
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
@@ -52,7 +62,7 @@ class CallerSource(Source):
         self._sync: Iterator[object] | None = None
         self._async: AsyncIterator[object] | None = None
         if is_buffer(data):
-            self._pending = _as_bytes_view(data)
+            self._pending = as_bytes_view(data)
             self._sync = iter(())
         elif isinstance(data, AsyncIterable):
             self._async = aiter(data)
@@ -66,12 +76,12 @@ class CallerSource(Source):
     async def _next_item(self) -> memoryview | None:
         if self._async is not None:
             try:
-                return _as_bytes_view(await anext(self._async))
+                return as_bytes_view(await anext(self._async))
             except StopAsyncIteration:
                 return None
         assert self._sync is not None
         try:
-            return _as_bytes_view(next(self._sync))
+            return as_bytes_view(next(self._sync))
         except StopIteration:
             return None
 
