@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from asyncckpt import AsyncCheckpointer, CheckpointConfig, ConfigError
+from asyncckpt import AsyncCheckpointer, CheckpointConfig, CheckpointManager, ConfigError
 from asyncckpt.bench.cli import build_parser, plan_from_args
 from asyncckpt.sinks.isolation import policy
 from asyncckpt.sinks.isolation.policy import resolve_policy
@@ -170,3 +172,37 @@ def test_forkserver_preload_is_appended_once() -> None:
         assert server._preload_modules == ["__main__", "json", CHILD_MODULE]
     finally:
         forkserver.set_forkserver_preload(saved)
+
+
+def child_processes() -> list[int]:
+    """This process's children, as the kernel lists them (writer processes, forkservers)."""
+    out: list[int] = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as f:
+            out += [int(p) for p in f.read().split()]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("uri", "named"),
+    [
+        ("s3://bucket", "names no object key"),
+        ("s3://ml/x", "invalid bucket name 'ml'"),
+        ("s3://bucket/dir/", "names a prefix"),
+    ],
+)
+async def test_a_bad_s3_uri_is_refused_before_a_writer_process_starts(uri: str, named: str) -> None:
+    """With s3dlio isolated (the default), the URI was checked only in the child: after it had
+    started (1.4-2.9 s), and a script without a ``__main__`` guard ran again in it."""
+    before = await asyncio.to_thread(child_processes)
+    async with AsyncCheckpointer(backend="s3dlio", isolation="process") as ckpt:
+        for call in (ckpt.save(uri, data=b"x" * 10), ckpt.load(uri), ckpt.load_state(uri)):
+            with pytest.raises(ConfigError, match=named) as err:
+                await call
+            assert "writer process" not in str(err.value)
+        assert await asyncio.to_thread(child_processes) == before
+
+
+def test_a_manager_on_a_bad_bucket_is_refused_when_made() -> None:
+    with pytest.raises(ConfigError, match=r"invalid bucket name 'ml' in 's3://ml/run'"):
+        CheckpointManager("s3://ml/run")

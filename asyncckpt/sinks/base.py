@@ -88,6 +88,11 @@ class Sink(ABC):
                 f"backend {cls.backend!r} takes no backend_options, got {', '.join(sorted(options))}"
             )
 
+    @classmethod  # noqa: B027 - optional hook
+    def check_target(cls, uri: str) -> None:
+        """Refuse ``uri`` as an object of this backend, before any I/O and without importing
+        its client library (a writer process asks this before it starts a child)."""
+
     @classmethod
     def check_root(cls, uri: str) -> None:
         """Refuse ``uri`` as the root of step directories, before any I/O, if it cannot be one."""

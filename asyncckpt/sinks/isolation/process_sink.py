@@ -396,10 +396,14 @@ class ProcessSink(Sink):
         return self._writer.pid if self._writer is not None else None
 
     def check(self) -> None:
-        if self.inner_backend in LOCAL_BACKENDS:  # cheap, importless: fail before a child starts
+        """Fail before a child starts: a local backend's whole check (cheap, importless), an
+        object store's form of the URI (its library is the child's to import)."""
+        if self.inner_backend in LOCAL_BACKENDS:
             make_sink(
                 self.uri, backend=self.inner_backend, executor=self.executor, options=self.options
             ).check()
+        else:
+            backend_class(self.inner_backend).check_target(self.uri)
 
     def _make_writer(self) -> WriterProcess:
         return WriterProcess(

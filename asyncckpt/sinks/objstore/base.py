@@ -31,6 +31,10 @@ log = logging.getLogger("asyncckpt")
 T = TypeVar("T")
 
 
+#: a name under a root, to check the root as objects under it will be
+ROOT_PROBE = "step-0"
+
+
 class StoreSettings(Protocol):
     """What the generic layer reads of a store's resolved settings (frozen, secrets wrapped)."""
 
@@ -82,10 +86,19 @@ class ObjectStoreSink(Sink, Generic[S]):
         and the libraries' clients are chosen from it."""
 
     @classmethod
+    def check_target(cls, uri: str) -> None:
+        cls.parse_target(uri)
+
+    @classmethod
     def check_root(cls, uri: str) -> None:
         if "/" not in uri[len(cls.scheme) + 3 :].strip("/"):
             word = cls.container_word
             raise ConfigError(f"root {uri!r} must name an {cls.scheme}://{word}/prefix, not a whole {word}")
+        probe = f"{uri.rstrip('/')}/{ROOT_PROBE}"  # an object under it: the bucket's name, the form
+        try:
+            cls.parse_target(probe)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace(probe, uri)) from None
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         super().__init__(uri, **kwargs)
