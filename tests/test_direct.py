@@ -138,3 +138,21 @@ def test_the_bench_cli_on_direct(disk_path: Path, shm_path: Path) -> None:
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.count("\n") == 1 and "tmpfs" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr and os.listdir(shm_path) == []
+
+
+async def test_o_direct_on_a_file_system_in_memory_is_reported_as_no_cache_bypassed(shm_path: Path) -> None:
+    """A plain path on tmpfs, which takes O_DIRECT since Linux 6.6: the result said "page cache
+    bypassed", and ``direct_io=True`` (``--direct-io on``) was honoured there, though tmpfs's
+    files are the page cache. Now the reason says so, and ``direct_io=True`` is refused."""
+    target = shm_path / "ckpt.bin"
+    async with ckpt() as c:
+        saved = await c.save(target, 2 * MiB)
+        loaded = await c.load(target)
+    for meta in (saved.metadata, loaded.metadata):
+        assert "tmpfs, which keeps files in memory: no page cache is bypassed" in meta.direct_io_reason
+    async with AsyncCheckpointer(chunk_size=MiB, num_buffers=4, direct_io=True) as c:
+        with pytest.raises(DirectIOUnavailableError, match=r"direct_io=True but .*tmpfs.*ckpt2\.bin"):
+            await c.save(shm_path / "ckpt2.bin", MiB)
+        with pytest.raises(DirectIOUnavailableError, match=r"direct_io=True but .*tmpfs.*ckpt\.bin"):
+            await c.load(target)
+    assert not [n for n in os.listdir(shm_path) if "ckpt2" in n]  # refused: nothing of it left

@@ -30,7 +30,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..blocking import run_blocking
 from ..cpu import CpuTally, thread_cpu_call
-from ..errors import ConfigError, DirectIOError, TargetNotFoundError, map_os_error
+from ..errors import ConfigError, DirectIOError, DirectIOUnavailableError, TargetNotFoundError, map_os_error
 from ..owner import aside_name, parse_temp, temp_name
 from ..pool import buffer_address
 from .base import Sink
@@ -49,6 +49,11 @@ _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c
 #: file systems whose files live in memory (statfs f_type): a write is a copy into page-cache
 #: pages under the inode's lock, so a second write in flight only spins on that lock
 _MEMORY_FILE_SYSTEMS = {0x01021994: "tmpfs", 0x858458F6: "ramfs"}
+
+
+def in_memory(fs: str) -> str:
+    """Why O_DIRECT on a file system in memory defeats no cache (the result says so)."""
+    return f"O_DIRECT accepted by {fs}, which keeps files in memory: no page cache is bypassed"
 
 
 def memory_file_system(fd: int) -> str | None:
@@ -194,6 +199,12 @@ class FileSink(Sink):
                 if exc.errno != errno.EINVAL:
                     raise
                 self.direct_reason = f"O_DIRECT refused by the file system ({exc.strerror})"
+        if self.direct and self.memory_fs:  # Linux 6.6+ tmpfs takes O_DIRECT: its files ARE the cache
+            self.direct_reason = in_memory(self.memory_fs)
+            if want is True:
+                raise DirectIOUnavailableError(
+                    errno.EINVAL, f"direct_io=True but {self.direct_reason} for {str(self.path)!r}"
+                )
         if not self.direct and want is True:
             raise DirectIOError(
                 errno.EINVAL, f"direct_io=True but {self.direct_reason} for {str(self.path)!r}"
@@ -360,11 +371,16 @@ class FileSink(Sink):
         elif not _O_DIRECT:
             self._rreason = "O_DIRECT is not available on this platform"
         else:
+            fs = memory_file_system(self._rfd)  # Linux 6.6+ tmpfs takes O_DIRECT: its files ARE the cache
+            if fs and want is True:
+                raise DirectIOUnavailableError(
+                    errno.EINVAL, f"direct_io=True but {in_memory(fs)} for {str(self.path)!r}"
+                )
             try:
                 flags = fcntl.fcntl(self._rfd, fcntl.F_GETFL)
                 fcntl.fcntl(self._rfd, fcntl.F_SETFL, flags | _O_DIRECT)
                 self._rdirect = True
-                self._rreason = "O_DIRECT reads (page cache bypassed)"
+                self._rreason = in_memory(fs) if fs else "O_DIRECT reads (page cache bypassed)"
                 # for misaligned requests (a footer); opened now, so both see one version
                 self._bfd = os.open(f"/proc/self/fd/{self._rfd}", os.O_RDONLY | os.O_CLOEXEC)
                 return
