@@ -254,7 +254,7 @@ async def _delete(ckpt: StepHost, uri: str) -> None:
         await sink.aclose()
 
 
-async def _withdraw_commit(ckpt: StepHost, base: str) -> None:
+async def withdraw_commit(ckpt: StepHost, base: str) -> None:
     """The commit record an earlier save of this step number left, removed before this rank's
     object replaces the one it names (each rank, in the directory it sees): a crash before the
     new commit then leaves the step uncommitted, never the old record over new objects."""
@@ -343,7 +343,7 @@ async def start_step(
     """
     base = step_uri(check_root(root, ckpt.storage), check_step(step))
     await make_directory(ckpt, base)
-    await _withdraw_commit(ckpt, base)
+    await withdraw_commit(ckpt, base)
     if coll.is_coordinator:
         owner = {"host": host(), "boot": boot_id(), "pid": os.getpid(), "started_at": time.time()}
         await put_record(ckpt, f"{base}/{OWNER}", owner)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
@@ -116,6 +117,11 @@ def check_tiers(remote: str, local: object, keep_local: object, host: StepHost) 
             "(the same directory, or one inside the other)"
         )
     return root
+
+
+def _as_json(value: Any) -> Any:
+    """``value`` as a JSON record holds it (tuples as lists), to compare with one read back."""
+    return json.loads(json.dumps(value))
 
 
 def _same_dir(a: str, b: str) -> bool:
@@ -329,7 +335,7 @@ class Tiers:
         name = steps.rank_object(coll.rank, coll.world_size)
         base = steps.step_uri(self.remote, step)
         try:
-            done = await self._drain_mine(step, name, base)
+            done = await self._drain_mine(step, name, base, record)
         except Exception as exc:
             self._failed(step, exc)
             self._settle(step)
@@ -347,12 +353,18 @@ class Tiers:
             self._committing.add(task)
             task.add_done_callback(self._committing.discard)
 
-    async def _drain_mine(self, step: int, name: str, base: str) -> Drained | None:
+    async def _drain_mine(self, step: int, name: str, base: str, record: StepCommit | None) -> Drained | None:
         """This rank's object of ``step`` to the remote root, then its marker; None when a
-        previous run had already drained it (its marker is there)."""
-        if await steps.get_record(self.host, f"{base}/{_marker(name)}") is not None:
+        previous run had already drained this very object (its marker names it as the source).
+
+        A marker of another object (an earlier save of this step number) does not count; the
+        remote commit of that earlier save is withdrawn before its object is replaced."""
+        source = await self._source(step, record)
+        marker = await steps.get_record(self.host, f"{base}/{_marker(name)}")
+        if marker is not None and source is not None and marker.get("source") == source:
             return None
         await steps.make_directory(self.host, base)
+        await steps.withdraw_commit(self.host, base)
         await self._collect_dead_drain(base, name)
         me = {"host": host(), "boot": boot_id(), "pid": os.getpid(), "started_at": time.time()}
         await steps.put_record(self.host, f"{base}/{_draining(name)}", me)
@@ -360,9 +372,26 @@ class Tiers:
         if self._drainer is None:
             self._drainer = AsyncCheckpointer(self.host.config)
         done = await drain_object(self._drainer, local, f"{base}/{name}", bandwidth=self.bandwidth)
-        facts = {"object": name, "size": done.size, "identity": done.identity, "drain_s": done.seconds}
+        facts = {
+            "object": name,
+            "size": done.size,
+            "identity": done.identity,
+            "drain_s": done.seconds,
+            "source": source,
+        }
         await steps.put_record(self.host, f"{base}/{_marker(name)}", facts)
         return done
+
+    async def _source(self, step: int, record: StepCommit | None) -> Any:
+        """This rank's local object of ``step`` as its local commit record names it (a file's
+        identity): what a remote marker must name to stand for it; None if unknown."""
+        coll = self._coll
+        assert coll is not None
+        if record is None:
+            record = await steps.read_commit(self.host, self.local, step)
+        if record is None or coll.rank >= len(record.identities):
+            return None
+        return _as_json(record.identities[coll.rank])
 
     async def _collect_dead_drain(self, base: str, name: str) -> None:
         """A previous drain of this object whose recorded process provably died (this host and
@@ -422,9 +451,10 @@ class Tiers:
         assert coll is not None
         base = steps.step_uri(self.remote, step)
         names = [steps.rank_object(r, coll.world_size) for r in range(coll.world_size)]
-        found = await self._markers(base, names)
         if record is None:
             record = await steps.read_commit(self.host, self.local, step)
+        sources = _as_json(record.identities) if record is not None else None
+        found = await self._markers(base, names, sources)
         metadata = dict(record.metadata or {}) if record is not None else {}
         mine = self.stats.of(step)
         metadata["tiers"] = {
@@ -473,15 +503,18 @@ class Tiers:
             await steps.put_record(self.host, f"{base}/{name}", got, large=True)
         return index
 
-    async def _markers(self, base: str, names: list[str]) -> list[dict[str, Any]]:
-        """Every rank's marker under ``base``, read until all are there (backing off)."""
+    async def _markers(self, base: str, names: list[str], sources: list[Any] | None) -> list[dict[str, Any]]:
+        """Every rank's marker under ``base``, read until all are there (backing off); with
+        ``sources``, only markers naming the rank's local object of this save: a marker left
+        by an earlier save of this step number is passed over until its rank replaces it."""
         deadline, pause = now() + self.remote_commit_timeout, _POLL_FIRST
         found: dict[str, dict[str, Any]] = {}
         while True:
-            for name in names:
-                if name not in found and (
-                    got := await steps.get_record(self.host, f"{base}/{_marker(name)}")
-                ):
+            for rank, name in enumerate(names):
+                if name in found:
+                    continue
+                got = await steps.get_record(self.host, f"{base}/{_marker(name)}")
+                if got is not None and (sources is None or got.get("source") == sources[rank]):
                     found[name] = got
             if len(found) == len(names):
                 return [found[n] for n in names]
