@@ -190,3 +190,20 @@ def test_default_temporary_target_is_shared_and_removed(tmp_path: Path) -> None:
     base = Path(report["target"])
     assert [Path(s).parent for s in report["shards"]] == [base, base]  # one directory made by rank 0
     assert not base.exists()  # and removed at the end
+
+
+@pytest.mark.parametrize("layout", ["same.bin", "n{local_rank}-of-{size}.bin"])
+def test_layout_giving_two_ranks_one_object_is_refused_before_any_io(tmp_path: Path, layout: str) -> None:
+    """Both ranks on one object overwrite each other and report bytes storage never held.
+    Both ranks run on one node here, so {local_rank} differs and the second layout is accepted."""
+    target = tmp_path / "ck"
+    proc = mpirun(str(target), "--size", "1MiB", "--chunk-size", "1MiB", "--layout", layout, "-q", timeout=30)
+    if "{local_rank}" in layout:
+        assert proc.returncode == 0, proc.stderr
+        assert not target.exists() or not list(target.iterdir())
+        return
+    assert proc.returncode == 2, proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("asyncckpt.bench")]  # mpirun adds its own
+    assert "ranks 0 and 1" in line and repr(layout) in line and "{rank}" in line, line
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not target.exists()  # refused before rank 0 made the target

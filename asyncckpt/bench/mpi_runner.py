@@ -118,10 +118,25 @@ def shard_uri(base: str, layout: str, rank: int, size: int, local_rank: int) -> 
     return join_uri(base, name)
 
 
-def _setup(plan: BenchPlan, layout: str, mkdirs: bool, size: int) -> dict[str, Any]:
+def check_layout(base: str, layout: str, local_ranks: list[int]) -> list[str]:
+    """Each rank's object under ``base`` (rank r at ``local_ranks[r]``); ConfigError before any
+    I/O when the layout gives two ranks the same name: they would overwrite each other's shard
+    and the run would report bytes that storage never held."""
+    size = len(local_ranks)
+    uris = [shard_uri(base, layout, r, size, lr) for r, lr in enumerate(local_ranks)]
+    seen: dict[str, int] = {}
+    for r, uri in enumerate(uris):
+        if (first := seen.setdefault(uri, r)) != r:
+            raise ConfigError(
+                f"--layout {layout!r} gives ranks {first} and {r} the same object {uri!r}; put {{rank}} in it"
+            )
+    return uris
+
+
+def _setup(plan: BenchPlan, layout: str, mkdirs: bool, local_ranks: list[int]) -> dict[str, Any]:
     """Rank 0 only: create the shared target (or a temporary one) and check the layout."""
-    for r in range(size):  # a bad layout fails here, before any I/O
-        shard_uri(plan.target or "/", layout, r, size, 0)
+    size = len(local_ranks)
+    check_layout(plan.target or "/", layout, local_ranks)  # a bad layout fails here, before any I/O
     base, created = plan.target, None
     if base is None and plan_mode(plan) == "load":
         raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
@@ -199,13 +214,14 @@ def run_distributed(
     setup: dict[str, Any] = {}
     error: str | None = None
     endpoint: str | None = None
+    local_ranks = comm.allgather(me.local_rank)  # the layout may name it: rank 0 renders every rank's
     try:
         plan = plan_from_args(args)
         # S3_LOAD_BALANCE_STRATEGY=rank: each rank its own front end
         if plan.target is not None and capabilities(plan.target, plan.config.backend).multi_endpoint:
             endpoint = rank_endpoint(me.rank)
         if root:
-            setup = _setup(plan, args.layout, args.mkdirs, comm.size)
+            setup = _setup(plan, args.layout, args.mkdirs, local_ranks)
     except (ConfigError, MissingDependencyError, TargetNotFoundError) as exc:
         error = str(exc)
     errors = comm.allgather(error)  # every rank learns if any rank cannot start
