@@ -207,3 +207,19 @@ def test_layout_giving_two_ranks_one_object_is_refused_before_any_io(tmp_path: P
     assert "ranks 0 and 1" in line and repr(layout) in line and "{rank}" in line, line
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert not target.exists()  # refused before rank 0 made the target
+
+
+def test_documented_node_layout_with_mkdirs_makes_and_removes_each_ranks_folder(tmp_path: Path) -> None:
+    """docs/scaleout.md's example: rank 1 (local_rank 1) needs node1/, which rank 0 must make."""
+    target = tmp_path / "ck"
+    target.mkdir()
+    (target / "mine").mkdir()  # not the run's: stays
+    layout = "node{local_rank}/r{rank}-of-{size}.bin"
+    args = (str(target), "--size", "1MiB", "--chunk-size", "1MiB", "--layout", layout, "--mkdirs", "-q")
+    proc = mpirun(*args, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in target.iterdir()) == ["mine"]  # node0/ and node1/ removed with the shards
+    proc = mpirun(*args, "--keep", timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    kept = sorted(str(p.relative_to(target)) for p in target.rglob("*.bin"))
+    assert kept == ["node0/r0-of-2.bin", "node1/r1-of-2.bin"]

@@ -31,6 +31,7 @@ from ..results.schema import SCHEMA_VERSION
 from ..sinks import capabilities, join_uri, local_path, path_from_uri
 from ..sinks.s3.endpoints import rank_endpoint
 from .aggregate import aggregate_checkpoint, summarize
+from .folders import make_folders, remove_empty
 from .guard import Writes
 from .outputs import write_outputs
 from .plan_args import plan_from_args, run_with_loop
@@ -135,9 +136,8 @@ def check_layout(base: str, layout: str, local_ranks: list[int]) -> list[str]:
 
 def _setup(plan: BenchPlan, layout: str, mkdirs: bool, local_ranks: list[int]) -> dict[str, Any]:
     """Rank 0 only: create the shared target (or a temporary one) and check the layout."""
-    size = len(local_ranks)
     check_layout(plan.target or "/", layout, local_ranks)  # a bad layout fails here, before any I/O
-    base, created = plan.target, None
+    base, created, made = plan.target, None, []
     if base is None and plan_mode(plan) == "load":
         raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
     if base is None:
@@ -152,12 +152,17 @@ def _setup(plan: BenchPlan, layout: str, mkdirs: bool, local_ranks: list[int]) -
                 2, f"parent directory {str(path.parent)!r} of the target does not exist"
             )
         path.mkdir(exist_ok=True)
-        if mkdirs:
-            for r in range(size):
-                Path(path_from_uri(shard_uri(base, layout, r, size, 0))).parent.mkdir(
-                    parents=True, exist_ok=True
-                )
-    return {"base": base, "created": created}
+    if mkdirs and local_path(base) is not None:  # each rank's folder, with its own local_rank
+        for uri in check_layout(base, layout, local_ranks):  # removed at the end if empty
+            made += make_folders(Path(path_from_uri(uri)).parent)
+    return {"base": base, "created": created, "made": made}
+
+
+def _remove_setup(setup: dict[str, Any]) -> None:
+    """Rank 0, after every rank removed its objects: the folders :func:`_setup` made, if empty."""
+    remove_empty(setup.get("made", ()))
+    if setup.get("created"):
+        remove_temporary(setup["created"])
 
 
 async def _rank_main(plan: BenchPlan, comm: Comm, uri: str) -> list[dict[str, Any]]:
@@ -229,8 +234,8 @@ def run_distributed(
     bad = next(((r, e) for r, e in enumerate(errors) if e), None)
     if bad is not None or not shared:
         r, e = bad or (0, "no setup from rank 0")
-        if root and shared and shared.get("created"):
-            remove_temporary(shared["created"])
+        if root and shared:
+            _remove_setup(shared)
         return fail(2, f"error: {e}" if r == 0 else f"error on rank {r}: {e}")
     setup = shared
     if root:
@@ -253,8 +258,8 @@ def run_distributed(
     except RankFailure as exc:
         code = fail(1, f"failed: {exc}")
     except KeyboardInterrupt:  # SIGINT/SIGTERM: this rank's saves removed what they published
-        if root and setup["created"] and not plan.keep:
-            remove_temporary(setup["created"])
+        if root and not plan.keep:
+            _remove_setup(setup)
         end_job_if_distributed(comm)
         raise
     except BaseException as exc:  # outside the protocol: the other ranks may be waiting
@@ -265,8 +270,8 @@ def run_distributed(
     finally:
         comm.close()
     comm.barrier()
-    if root and setup["created"] and not plan.keep:
-        remove_temporary(setup["created"])
+    if root and not plan.keep:
+        _remove_setup(setup)
     if not root or code:
         return code
     # 3. report (rank 0 only)
