@@ -223,3 +223,15 @@ def test_documented_node_layout_with_mkdirs_makes_and_removes_each_ranks_folder(
     assert proc.returncode == 0, proc.stderr
     kept = sorted(str(p.relative_to(target)) for p in target.rglob("*.bin"))
     assert kept == ["node0/r0-of-2.bin", "node1/r1-of-2.bin"]
+
+
+def test_target_folder_the_run_made_is_removed_with_the_shards(tmp_path: Path) -> None:
+    """As in a one-process run: a run removes the folders it made, if empty; a kept one stays."""
+    args = ("--size", "1MiB", "--chunk-size", "1MiB", "-q")
+    proc = mpirun(str(tmp_path / "new"), *args, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir()  # not the run's: stays, empty
+    proc = mpirun(str(tmp_path / "old"), *args, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "old").is_dir() and not list((tmp_path / "old").iterdir())

@@ -151,7 +151,7 @@ def _setup(plan: BenchPlan, layout: str, mkdirs: bool, local_ranks: list[int]) -
             raise TargetNotFoundError(
                 2, f"parent directory {str(path.parent)!r} of the target does not exist"
             )
-        path.mkdir(exist_ok=True)
+        made += make_folders(path)  # a TARGET the run made goes at its end too, if empty
     if mkdirs and local_path(base) is not None:  # each rank's folder, with its own local_rank
         for uri in check_layout(base, layout, local_ranks):  # removed at the end if empty
             made += make_folders(Path(path_from_uri(uri)).parent)
