@@ -60,6 +60,9 @@ def test_both_methods_to_explicit_target(tmp_path: Path) -> None:
         (["gopher://x/y"], "unsupported URI scheme 'gopher'"),
         (["/definitely/not/here/x.bin"], "'/definitely/not/here' of"),
         (["--repeat", "0"], "--repeat must be >= 1"),
+        # null:// keeps nothing: the default --mode both would fail its load after the saves
+        (["null://x", "--size", "1MiB"], "--mode both: 'null://x' keeps nothing it is sent"),
+        (["null://x", "--size", "1MiB", "--mode", "load"], "nothing to load; use --mode save"),
     ],
 )
 def test_bad_input_exits_nonzero_with_one_line(tmp_path: Path, args: list[str], fragment: str) -> None:
@@ -68,3 +71,4 @@ def test_bad_input_exits_nonzero_with_one_line(tmp_path: Path, args: list[str], 
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("usage:")]
     assert len(lines) == 1, proc.stderr
     assert fragment in lines[0]
+    assert proc.stdout == ""  # before any I/O: no run, no table

@@ -29,3 +29,44 @@ def test_json_into_read_only_directory_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "not writable" in proc.stderr and proc.stderr.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ro"]
+
+
+@pytest.mark.parametrize("option", ["--json", "--csv", "--plots", "--report"])
+def test_every_output_into_read_only_directory_is_refused_before_the_run(tmp_path: Path, option: str) -> None:
+    """--csv, --plots and --report were found unwritable only after the whole run (rc 1)."""
+    target = tmp_path / "data"
+    target.mkdir()
+    with mounted(tmp_path / "ro", "tmpfs", "ro,size=1m") as ro:
+        out = ro / ("plots" if option == "--plots" else "out")
+        proc = bench(
+            str(target / "c.bin"), "--size", "1MiB", "--chunk-size", "1MiB", option, str(out), cwd=tmp_path
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"asyncckpt.bench: error: {option} ") and proc.stderr.count("\n") == 1
+    assert str(ro) in proc.stderr and proc.stdout == ""
+    assert list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [[], ["report", "r.json"]])
+def test_an_existing_directory_given_for_report_is_refused_before_the_run(
+    tmp_path: Path, command: list[str]
+) -> None:
+    (tmp_path / "d").mkdir()
+    if command:  # the report subcommand re-renders a saved result
+        saved = bench(
+            str(tmp_path / "c.bin"),
+            "--size",
+            "1MiB",
+            "--mode",
+            "save",
+            "-q",
+            "--json",
+            "r.json",
+            cwd=tmp_path,
+        )
+        assert saved.returncode == 0, saved.stderr
+    args = command or [str(tmp_path / "c.bin"), "--size", "1MiB", "--chunk-size", "1MiB"]
+    proc = bench(*args, "--report", str(tmp_path / "d"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "--report" in proc.stderr and "is a directory" in proc.stderr and proc.stderr.count("\n") == 1
+    assert proc.stdout == "" and list((tmp_path / "d").iterdir()) == []

@@ -190,3 +190,48 @@ def test_default_temporary_target_is_shared_and_removed(tmp_path: Path) -> None:
     base = Path(report["target"])
     assert [Path(s).parent for s in report["shards"]] == [base, base]  # one directory made by rank 0
     assert not base.exists()  # and removed at the end
+
+
+@pytest.mark.parametrize("layout", ["same.bin", "n{local_rank}-of-{size}.bin"])
+def test_layout_giving_two_ranks_one_object_is_refused_before_any_io(tmp_path: Path, layout: str) -> None:
+    """Both ranks on one object overwrite each other and report bytes storage never held.
+    Both ranks run on one node here, so {local_rank} differs and the second layout is accepted."""
+    target = tmp_path / "ck"
+    proc = mpirun(str(target), "--size", "1MiB", "--chunk-size", "1MiB", "--layout", layout, "-q", timeout=30)
+    if "{local_rank}" in layout:
+        assert proc.returncode == 0, proc.stderr
+        assert not target.exists() or not list(target.iterdir())
+        return
+    assert proc.returncode == 2, proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("asyncckpt.bench")]  # mpirun adds its own
+    assert "ranks 0 and 1" in line and repr(layout) in line and "{rank}" in line, line
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not target.exists()  # refused before rank 0 made the target
+
+
+def test_documented_node_layout_with_mkdirs_makes_and_removes_each_ranks_folder(tmp_path: Path) -> None:
+    """docs/scaleout.md's example: rank 1 (local_rank 1) needs node1/, which rank 0 must make."""
+    target = tmp_path / "ck"
+    target.mkdir()
+    (target / "mine").mkdir()  # not the run's: stays
+    layout = "node{local_rank}/r{rank}-of-{size}.bin"
+    args = (str(target), "--size", "1MiB", "--chunk-size", "1MiB", "--layout", layout, "--mkdirs", "-q")
+    proc = mpirun(*args, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in target.iterdir()) == ["mine"]  # node0/ and node1/ removed with the shards
+    proc = mpirun(*args, "--keep", timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    kept = sorted(str(p.relative_to(target)) for p in target.rglob("*.bin"))
+    assert kept == ["node0/r0-of-2.bin", "node1/r1-of-2.bin"]
+
+
+def test_target_folder_the_run_made_is_removed_with_the_shards(tmp_path: Path) -> None:
+    """As in a one-process run: a run removes the folders it made, if empty; a kept one stays."""
+    args = ("--size", "1MiB", "--chunk-size", "1MiB", "-q")
+    proc = mpirun(str(tmp_path / "new"), *args, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir()  # not the run's: stays, empty
+    proc = mpirun(str(tmp_path / "old"), *args, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "old").is_dir() and not list((tmp_path / "old").iterdir())

@@ -99,11 +99,13 @@ async def test_a_whole_object_save_records_the_shared_threads_and_a_load_records
 
 def test_cli_plan_uses_the_mlperf_rule() -> None:
     parser = build_parser()
-    assert plan_from_args(parser.parse_args(["null://x"])).config.thread_budget == "mlperf"
-    chosen = parser.parse_args(["null://x", "--thread-budget", "leave_loop_core"])
+    assert plan_from_args(parser.parse_args(["null://x", "--mode", "save"])).config.thread_budget == "mlperf"
+    chosen = parser.parse_args(["null://x", "--mode", "save", "--thread-budget", "leave_loop_core"])
     assert plan_from_args(chosen).config.thread_budget == "leave_loop_core"
     for switch, value in (("auto", None), ("on", True), ("off", False)):
-        config = plan_from_args(parser.parse_args(["null://x", "--cpu-idle", switch])).config
+        config = plan_from_args(
+            parser.parse_args(["null://x", "--mode", "save", "--cpu-idle", switch])
+        ).config
         assert config.cpu_idle is value
 
 

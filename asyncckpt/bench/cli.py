@@ -35,6 +35,7 @@ from .load_args import add_load_arguments
 from .mpi_runner import run_distributed
 from .outputs import add_output_arguments, check_outputs, needs_records, write_outputs
 from .parsing import Parser
+from .pipes import stdout_closed, stdout_reader_gone
 from .plan_args import plan_from_args, run_with_loop
 from .report import format_backend_comparison
 from .resultfiles import stamp, write_json
@@ -274,10 +275,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m asyncckpt.bench [TARGET] [options] [+key=value ...]`` or ``SUBCOMMAND ...``.
 
     SIGINT or SIGTERM: what the run wrote is removed on the way out, then one line and
-    rc 130 / 143 (schedulers send SIGTERM)."""
+    rc 130 / 143 (schedulers send SIGTERM). stdout's reader gone (``| head``): quiet rc 141."""
     with sigterm_as_sigint() as interrupt:
         try:
-            return _main(argv)
+            code = _main(argv)
+            sys.stdout.flush()  # a closed pipe shows here, not as a traceback at exit
+            return code
+        except BrokenPipeError:
+            if not stdout_reader_gone():
+                raise
+            return stdout_closed()
         except KeyboardInterrupt:
             if _rank() == 0:  # under mpirun only rank 0 speaks
                 print(f"asyncckpt.bench: {interrupt.message}", file=sys.stderr)

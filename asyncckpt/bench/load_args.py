@@ -9,6 +9,7 @@ from typing import Any
 from ..config import CheckpointConfig
 from ..errors import ConfigError, StoragePermissionError
 from ..modes import BenchMode, VerifyMode, choices
+from ..sinks import capabilities
 from ..units import parse_size
 
 DROP_CACHES = "/proc/sys/vm/drop_caches"
@@ -59,6 +60,7 @@ def load_plan_from_args(args: argparse.Namespace, config: CheckpointConfig) -> d
         raise ConfigError(
             f"--read-chunk-size must be a multiple of 4096 and <= --chunk-size, got {args.read_chunk_size}"
         )
+    check_readable(args.target, args.mode, config)
     if args.drop_caches and args.mode != "save" and not os.access(DROP_CACHES, os.W_OK):
         raise ConfigError(f"--drop-caches needs permission to write {DROP_CACHES} (run as root)")
     return {
@@ -70,6 +72,16 @@ def load_plan_from_args(args: argparse.Namespace, config: CheckpointConfig) -> d
         "drop_caches": args.drop_caches,
         "defeat_cache": not args.allow_cache,
     }
+
+
+def check_readable(target: str | None, mode: str, config: CheckpointConfig) -> None:
+    """A target that keeps nothing (``null://``) has nothing to load: said before the saves ran,
+    not as a failed load after them. Storage is asked by capability, not by scheme."""
+    if mode != "save" and target is not None and not capabilities(target, config.backend).keeps_data:
+        raise ConfigError(
+            f"--mode {mode}: {target!r} keeps nothing it is sent, so there is nothing to load; "
+            "use --mode save"
+        )
 
 
 def verify_choice(verify: str | None, mode: str, config: CheckpointConfig) -> str:

@@ -31,6 +31,7 @@ from ..results.schema import SCHEMA_VERSION
 from ..sinks import capabilities, join_uri, local_path, path_from_uri
 from ..sinks.s3.endpoints import rank_endpoint
 from .aggregate import aggregate_checkpoint, summarize
+from .folders import make_folders, remove_empty
 from .guard import Writes
 from .outputs import write_outputs
 from .plan_args import plan_from_args, run_with_loop
@@ -118,11 +119,25 @@ def shard_uri(base: str, layout: str, rank: int, size: int, local_rank: int) -> 
     return join_uri(base, name)
 
 
-def _setup(plan: BenchPlan, layout: str, mkdirs: bool, size: int) -> dict[str, Any]:
+def check_layout(base: str, layout: str, local_ranks: list[int]) -> list[str]:
+    """Each rank's object under ``base`` (rank r at ``local_ranks[r]``); ConfigError before any
+    I/O when the layout gives two ranks the same name: they would overwrite each other's shard
+    and the run would report bytes that storage never held."""
+    size = len(local_ranks)
+    uris = [shard_uri(base, layout, r, size, lr) for r, lr in enumerate(local_ranks)]
+    seen: dict[str, int] = {}
+    for r, uri in enumerate(uris):
+        if (first := seen.setdefault(uri, r)) != r:
+            raise ConfigError(
+                f"--layout {layout!r} gives ranks {first} and {r} the same object {uri!r}; put {{rank}} in it"
+            )
+    return uris
+
+
+def _setup(plan: BenchPlan, layout: str, mkdirs: bool, local_ranks: list[int]) -> dict[str, Any]:
     """Rank 0 only: create the shared target (or a temporary one) and check the layout."""
-    for r in range(size):  # a bad layout fails here, before any I/O
-        shard_uri(plan.target or "/", layout, r, size, 0)
-    base, created = plan.target, None
+    check_layout(plan.target or "/", layout, local_ranks)  # a bad layout fails here, before any I/O
+    base, created, made = plan.target, None, []
     if base is None and plan_mode(plan) == "load":
         raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
     if base is None:
@@ -136,13 +151,18 @@ def _setup(plan: BenchPlan, layout: str, mkdirs: bool, size: int) -> dict[str, A
             raise TargetNotFoundError(
                 2, f"parent directory {str(path.parent)!r} of the target does not exist"
             )
-        path.mkdir(exist_ok=True)
-        if mkdirs:
-            for r in range(size):
-                Path(path_from_uri(shard_uri(base, layout, r, size, 0))).parent.mkdir(
-                    parents=True, exist_ok=True
-                )
-    return {"base": base, "created": created}
+        made += make_folders(path)  # a TARGET the run made goes at its end too, if empty
+    if mkdirs and local_path(base) is not None:  # each rank's folder, with its own local_rank
+        for uri in check_layout(base, layout, local_ranks):  # removed at the end if empty
+            made += make_folders(Path(path_from_uri(uri)).parent)
+    return {"base": base, "created": created, "made": made}
+
+
+def _remove_setup(setup: dict[str, Any]) -> None:
+    """Rank 0, after every rank removed its objects: the folders :func:`_setup` made, if empty."""
+    remove_empty(setup.get("made", ()))
+    if setup.get("created"):
+        remove_temporary(setup["created"])
 
 
 async def _rank_main(plan: BenchPlan, comm: Comm, uri: str) -> list[dict[str, Any]]:
@@ -199,13 +219,14 @@ def run_distributed(
     setup: dict[str, Any] = {}
     error: str | None = None
     endpoint: str | None = None
+    local_ranks = comm.allgather(me.local_rank)  # the layout may name it: rank 0 renders every rank's
     try:
         plan = plan_from_args(args)
         # S3_LOAD_BALANCE_STRATEGY=rank: each rank its own front end
         if plan.target is not None and capabilities(plan.target, plan.config.backend).multi_endpoint:
             endpoint = rank_endpoint(me.rank)
         if root:
-            setup = _setup(plan, args.layout, args.mkdirs, comm.size)
+            setup = _setup(plan, args.layout, args.mkdirs, local_ranks)
     except (ConfigError, MissingDependencyError, TargetNotFoundError) as exc:
         error = str(exc)
     errors = comm.allgather(error)  # every rank learns if any rank cannot start
@@ -213,8 +234,8 @@ def run_distributed(
     bad = next(((r, e) for r, e in enumerate(errors) if e), None)
     if bad is not None or not shared:
         r, e = bad or (0, "no setup from rank 0")
-        if root and shared and shared.get("created"):
-            remove_temporary(shared["created"])
+        if root and shared:
+            _remove_setup(shared)
         return fail(2, f"error: {e}" if r == 0 else f"error on rank {r}: {e}")
     setup = shared
     if root:
@@ -237,8 +258,8 @@ def run_distributed(
     except RankFailure as exc:
         code = fail(1, f"failed: {exc}")
     except KeyboardInterrupt:  # SIGINT/SIGTERM: this rank's saves removed what they published
-        if root and setup["created"] and not plan.keep:
-            remove_temporary(setup["created"])
+        if root and not plan.keep:
+            _remove_setup(setup)
         end_job_if_distributed(comm)
         raise
     except BaseException as exc:  # outside the protocol: the other ranks may be waiting
@@ -249,8 +270,8 @@ def run_distributed(
     finally:
         comm.close()
     comm.barrier()
-    if root and setup["created"] and not plan.keep:
-        remove_temporary(setup["created"])
+    if root and not plan.keep:
+        _remove_setup(setup)
     if not root or code:
         return code
     # 3. report (rank 0 only)

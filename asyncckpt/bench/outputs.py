@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, MissingDependencyError
+from ..node.topology import world
 from ..results.records import result_from_dict
 from . import plots
+from .folders import check_can_write
 from .htmlreport import render_html
 from .report import (
     format_backend_comparison,
@@ -23,7 +25,7 @@ from .report import (
     format_phases,
     format_summary,
 )
-from .resultfiles import check_output_path, to_csv, write_json, write_text
+from .resultfiles import check_output_file, check_output_path, to_csv, write_json, write_text
 
 
 def add_output_arguments(p: argparse.ArgumentParser, *, json_option: bool = True) -> None:
@@ -48,13 +50,23 @@ def needs_records(args: argparse.Namespace) -> bool:
 
 
 def check_outputs(args: argparse.Namespace, *, mpi: bool = False) -> None:
-    """Before any I/O: output directories exist, matplotlib is there if plots are asked for."""
+    """Before any I/O: every file the run writes at its end can be written there (a read-only
+    folder, a directory given for a file), as for ``--json``, and matplotlib is there if plots
+    are asked for: a bad path must not cost the whole run. Under mpirun only rank 0 writes, so
+    only rank 0 checks that it may write."""
+    writer = world()[0] == 0
     for option in ("json", "csv", "report"):
-        check_output_path(getattr(args, option, None), f"--{option}")
+        path = getattr(args, option, None)
+        if writer:
+            check_output_file(path, f"--{option}")
+        else:
+            check_output_path(path, f"--{option}")
     if args.plots is not None and args.plots.exists() and not args.plots.is_dir():
         raise ConfigError(f"--plots {str(args.plots)!r} is not a directory")
     if args.plots is not None:
         check_output_path(args.plots, "--plots")
+        if writer:
+            check_can_write(args.plots, f"--plots {str(args.plots)!r}")
     if (args.plots or args.report) and importlib.util.find_spec("matplotlib") is None:
         raise MissingDependencyError("matplotlib", "plots", "--plots / --report")
     if mpi and args.csv:

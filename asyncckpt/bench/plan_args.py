@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import Any
 
 from .. import modes
@@ -18,20 +16,8 @@ from ..config import CheckpointConfig
 from ..errors import ConfigError, MissingDependencyError
 from ..node.topology import world
 from .load_args import load_plan_from_args
+from .resultfiles import check_output_file
 from .runner import BenchPlan
-
-
-def check_output_file(path: Path | None, option: str) -> None:
-    """A file the run writes at its end is checked now: a typo must not cost the whole run."""
-    if path is None:
-        return
-    parent = path.parent
-    if path.is_dir():
-        raise ConfigError(f"{option} {str(path)!r} is a directory; give a file path")
-    if not parent.is_dir():
-        raise ConfigError(f"{option} {str(path)!r}: directory {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ConfigError(f"{option} {str(path)!r} is not writable")
 
 
 def plan_from_args(args: argparse.Namespace) -> BenchPlan:

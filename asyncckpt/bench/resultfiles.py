@@ -139,3 +139,16 @@ def check_output_path(path: Path | None, option: str) -> None:
     """Bad output paths are bad input: said before any I/O."""
     if path is not None and not (path.parent if str(path.parent) else Path(".")).is_dir():
         raise ConfigError(f"{option} {str(path)!r}: directory {str(path.parent)!r} does not exist")
+
+
+def check_output_file(path: Path | None, option: str) -> None:
+    """A file the run writes at its end is checked now: a typo must not cost the whole run."""
+    if path is None:
+        return
+    parent = path.parent
+    if path.is_dir():
+        raise ConfigError(f"{option} {str(path)!r} is a directory; give a file path")
+    if not parent.is_dir():
+        raise ConfigError(f"{option} {str(path)!r}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"{option} {str(path)!r} is not writable")

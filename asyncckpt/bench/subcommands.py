@@ -14,6 +14,7 @@ from .compare import ALPHA, compare_docs
 from .grammar import Command, NotYet, Override, not_yet
 from .outputs import add_output_arguments, check_outputs, render_text, write_outputs
 from .parsing import Parser
+from .pipes import stdout_reader_gone
 from .resultfiles import load_result
 from .steplist import ls_main
 
@@ -129,6 +130,11 @@ def run_subcommand(cmd: Command) -> int:
     except (ConfigError, MissingDependencyError, TargetNotFoundError) as exc:
         print(f"asyncckpt.bench {cmd.name}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        if stdout_reader_gone():  # | head: main exits quietly
+            raise
+        print(f"asyncckpt.bench {cmd.name}: failed: broken pipe", file=sys.stderr)
+        return 1
     except (OSError, IntegrityError) as exc:  # an unreadable record (ls): one line, not a traceback
         print(f"asyncckpt.bench {cmd.name}: failed: {exc}", file=sys.stderr)
         return 1
