@@ -70,3 +70,25 @@ def test_an_existing_directory_given_for_report_is_refused_before_the_run(
     assert proc.returncode == 2, proc.stderr
     assert "--report" in proc.stderr and "is a directory" in proc.stderr and proc.stderr.count("\n") == 1
     assert proc.stdout == "" and list((tmp_path / "d").iterdir()) == []
+
+
+@pytest.mark.parametrize("option", ["--json", "--csv", "--report"])
+def test_an_output_file_the_bench_did_not_write_is_not_replaced(tmp_path: Path, option: str) -> None:
+    """``--json model.pt`` replaced the user's file with the results; the target itself was
+    refused in the same case. Refused before the run now; its own outputs are replaced."""
+    precious = tmp_path / "model.pt"
+    precious.write_bytes(b"precious")
+    run = [str(tmp_path / "c.bin"), "--size", "1MiB", "--chunk-size", "1MiB", "-q"]
+    proc = bench(*run, option, str(precious), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "is not an output of this bench" in proc.stderr
+    assert precious.read_bytes() == b"precious" and proc.stdout == ""
+    # control: the bench's own output at that path is replaced by the next run
+    mine = tmp_path / f"mine{option.replace('-', '_')}"
+    for _ in range(2):
+        proc = bench(*run, option, str(mine), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    # and --overwrite replaces a file it did not write
+    proc = bench(*run, "--overwrite", option, str(precious), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert precious.read_bytes() != b"precious"

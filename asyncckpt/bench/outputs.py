@@ -58,7 +58,7 @@ def check_outputs(args: argparse.Namespace, *, mpi: bool = False) -> None:
     for option in ("json", "csv", "report"):
         path = getattr(args, option, None)
         if writer:
-            check_output_file(path, f"--{option}")
+            check_output_file(path, f"--{option}", overwrite=bool(getattr(args, "overwrite", False)))
         else:
             check_output_path(path, f"--{option}")
     if args.plots is not None and args.plots.exists() and not args.plots.is_dir():

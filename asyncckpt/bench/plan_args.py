@@ -23,7 +23,7 @@ from .runner import BenchPlan
 def plan_from_args(args: argparse.Namespace) -> BenchPlan:
     """Turn arguments into a validated plan (raises ConfigError before any I/O)."""
     if world()[0] == 0:  # under mpirun only rank 0 writes the report
-        check_output_file(args.json, "--json")
+        check_output_file(args.json, "--json", overwrite=bool(getattr(args, "overwrite", False)))
     if args.repeat < 1:
         raise ConfigError(f"--repeat must be >= 1, got {args.repeat}")
     if args.size <= 0:

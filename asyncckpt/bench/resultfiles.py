@@ -141,8 +141,25 @@ def check_output_path(path: Path | None, option: str) -> None:
         raise ConfigError(f"{option} {str(path)!r}: directory {str(path.parent)!r} does not exist")
 
 
-def check_output_file(path: Path | None, option: str) -> None:
-    """A file the run writes at its end is checked now: a typo must not cost the whole run."""
+def written_by_the_bench(path: Path, option: str) -> bool:
+    """Whether the existing file ``path`` is an output of this bench of ``option``'s kind: a
+    results file holds the command that wrote it, a CSV file starts with the bench's header,
+    an HTML report has the bench's title. Tells one it wrote from a file it must not replace."""
+    try:
+        with path.open("rb") as f:
+            data = f.read() if option == "--json" else f.read(4096)
+    except OSError:
+        return False
+    if option == "--json":
+        return b'"asyncckpt.bench"' in data
+    if option == "--csv":
+        return data.split(b"\n", 1)[0] == ",".join(CSV_COLUMNS).encode()
+    return option == "--report" and b"<title>asyncckpt " in data
+
+
+def check_output_file(path: Path | None, option: str, *, overwrite: bool = False) -> None:
+    """A file the run writes at its end is checked now: a typo must not cost the whole run,
+    and a file the bench did not write is not replaced unless ``overwrite`` (``--overwrite``)."""
     if path is None:
         return
     parent = path.parent
@@ -152,3 +169,8 @@ def check_output_file(path: Path | None, option: str) -> None:
         raise ConfigError(f"{option} {str(path)!r}: directory {str(parent)!r} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ConfigError(f"{option} {str(path)!r} is not writable")
+    if path.exists() and not overwrite and not written_by_the_bench(path, option):
+        raise ConfigError(
+            f"{option} {str(path)!r} exists and is not an output of this bench; give another "
+            "path, remove it, or pass --overwrite to replace it"
+        )
