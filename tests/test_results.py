@@ -220,3 +220,27 @@ def test_compare_backends_run_validates(moto_endpoint: S3Endpoint, tmp_path: Pat
     assert_valid(doc)
     if len({r["metadata"]["backend"] for r in doc["results"]}) > 1:
         assert (tmp_path / "p" / "backends.png").stat().st_size > 0
+
+
+def test_report_and_compare_say_what_a_tiered_or_workload_result_is(tmp_path: Path) -> None:
+    """A tiered run's own JSON was "unknown result mode 'tiered'", a workload run's "no
+    schema_version ... written before versioning: re-run it with this release"."""
+    (tmp_path / "remote").mkdir()
+    (tmp_path / "local").mkdir()
+    run = bench(
+        str(tmp_path / "remote"),
+        "--local",
+        str(tmp_path / "local"),
+        *SMALL,
+        "-q",
+        "--json",
+        "t.json",
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    (tmp_path / "w.json").write_text(json.dumps({"mode": "dlio", "workload": "llama3-8b"}))
+    for name, fragment in (("t.json", "a tiered run's result"), ("w.json", "a DLIO workload run's result")):
+        for command in (["report", name], ["compare", name, name]):
+            proc = bench(*command, cwd=tmp_path)
+            assert proc.returncode == 2, proc.stderr
+            assert len(proc.stderr.strip().splitlines()) == 1 and fragment in proc.stderr, proc.stderr

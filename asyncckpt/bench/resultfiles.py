@@ -50,6 +50,19 @@ CSV_COLUMNS = (
 )
 
 
+#: result documents the bench writes that ``report`` and ``compare`` do not read, and why
+_OTHER_RUNS = {
+    "dlio": (
+        "a DLIO workload run's result; report and compare read plain and MPI runs (modes single "
+        "and mpi). A workload's figures for MLPerf are in its --results-dir (summary.json)"
+    ),
+    "tiered": (
+        "a tiered run's result (--local); report and compare read plain and MPI runs (modes "
+        "single and mpi). Its figures are in the file as written"
+    ),
+}
+
+
 def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A result document from disk, in the current schema (an older readable version is upgraded);
     ConfigError names the file and what is wrong with it."""
@@ -66,6 +79,8 @@ def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"{str(p)!r} is not JSON: {exc.msg} at line {exc.lineno}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{str(p)!r} is not an asyncckpt result (top level is not an object)")
+    if doc.get("mode") in _OTHER_RUNS:  # the bench's own, of a kind these commands do not read
+        raise ConfigError(f"{str(p)!r} is {_OTHER_RUNS[doc['mode']]}")
     check_version(doc, repr(str(p)))
     if doc.get("mode") not in ("single", "mpi"):
         raise ConfigError(f"{str(p)!r}: unknown result mode {doc.get('mode')!r}")
