@@ -63,6 +63,12 @@ def test_both_methods_to_explicit_target(tmp_path: Path) -> None:
         # null:// keeps nothing: the default --mode both would fail its load after the saves
         (["null://x", "--size", "1MiB"], "--mode both: 'null://x' keeps nothing it is sent"),
         (["null://x", "--size", "1MiB", "--mode", "load"], "nothing to load; use --mode save"),
+        # a library of another kind of store: the run measured the target's own, silently
+        (
+            ["x.bin", "--size", "1MiB", "--backend", "aiobotocore"],
+            "--backend aiobotocore does not serve 'x.bin'",
+        ),
+        (["--size", "1MiB", "--backend", "s3dlio"], "--backend s3dlio does not serve"),
     ],
 )
 def test_bad_input_exits_nonzero_with_one_line(tmp_path: Path, args: list[str], fragment: str) -> None:

@@ -25,7 +25,7 @@ from ..node.topology import world
 from ..servers.embedded import start_for_bench
 from ..servers.embedded_stores import BENCH_CONTAINER, start_store_for_bench
 from ..servers.emulator_process import EmulatorUnavailableError
-from ..sinks import capabilities, local_path
+from ..sinks import capabilities, local_path, serves
 from ..sinks.s3 import installed_backends
 from ..units import parse_size
 from .dlio_run import main_workload
@@ -252,6 +252,19 @@ def start_embedded_store(stack: contextlib.ExitStack, args: argparse.Namespace, 
     return plan
 
 
+def check_backend_serves(plan: BenchPlan, comparing: bool) -> None:
+    """``--backend`` naming a library of another kind of store than the target's: the run would
+    measure the target's own library under the name the user gave (a file target with
+    ``--backend aiobotocore``): bad input, before any I/O."""
+    backend, target = plan.config.backend, plan.target
+    if backend is None or target is None or comparing or serves(backend, target):
+        return
+    raise ConfigError(
+        f"--backend {backend} does not serve {target!r}; the run would measure the target's own "
+        f"library, {capabilities(target).backend!r}: drop --backend or give a target of its kind"
+    )
+
+
 def compare_backends(plan: BenchPlan, loop: str) -> BenchReport:
     """Every installed S3 backend on the same target, size and settings; one table."""
     if plan.target is None or not plan.target.startswith("s3://"):
@@ -343,6 +356,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 if plan.mode == "load":
                     raise ConfigError("--mode load needs a TARGET saved earlier (e.g. by --mode save --keep)")
                 plan = plan.with_target(str(Path(tmp) / "checkpoint.bin"))
+            check_backend_serves(plan, args.compare_backends)
             if args.local is not None:
                 return run_tiered_cli(args, plan, argv)
             check_local_target(plan)

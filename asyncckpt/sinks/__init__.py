@@ -21,6 +21,7 @@ from .registry import (
     register_backend,
     resolve_backend,
     scheme_of,
+    serves,
 )
 from .router import Routing, StorageRouter
 
@@ -47,4 +48,5 @@ __all__ = [
     "register_backend",
     "resolve_backend",
     "scheme_of",
+    "serves",
 ]

@@ -90,6 +90,12 @@ def resolve_backend(uri: str, backend: str | None = None) -> str:
     return auto_backend() if name == "s3" else name
 
 
+def serves(backend: str, uri: str) -> bool:
+    """Whether an explicit ``backend`` serves ``uri`` (its kind of store); otherwise the URI's
+    default library does, which a caller that named a library may need to say."""
+    return _kind(backend) == _kind(SCHEMES.get(scheme_of(uri), ""))
+
+
 def _kind(name: str) -> str:
     """The kind of store a backend serves: an explicit ``backend`` chooses the library for the
     URIs of its kind only (a tiered manager's ``backend="aiobotocore"`` is for its ``s3://``
