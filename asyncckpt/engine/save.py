@@ -243,7 +243,9 @@ def _result(
     stages = {"generation": source.cpu_s} | (
         {"checksum": sum(r.checksum_cpu_s for r in recs)} if cfg.checksums else {}
     )
-    run = run_fields(setup, rt.budget, snk, monitor, recs, label_chunks(recs, in_flight), span, stages)
+    run = run_fields(
+        setup, rt.budget, snk, monitor, recs, label_chunks(recs, in_flight, close_s), span, stages
+    )
     return SaveResult.from_records(recs, gen_s=gen_s, integrity=cfg.integrity, **run)
 
 
