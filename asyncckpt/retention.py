@@ -11,6 +11,7 @@ but its errors and modes.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -43,12 +44,30 @@ def check_metrics(metrics: object) -> dict[str, float]:
     for key, value in metrics.items():
         if not isinstance(key, str) or not key:
             raise ConfigError(f"metrics keys must be non-empty strings, got {key!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        number = _number(value)
+        if number is None:
             raise ConfigError(f"metric {key!r} must be a number, got {value!r}")
-        if not math.isfinite(value):  # JSON has no NaN or infinity
+        if not math.isfinite(number):  # JSON has no NaN or infinity
             raise ConfigError(f"metric {key!r} must be finite, got {value!r}")
-        out[key] = value
+        out[key] = number
     return out
+
+
+def _number(value: object) -> float | None:
+    """A metric as a JSON number: Python's ints and floats, and what a training loop has at
+    hand, a NumPy scalar or a 0-d array or tensor (no ``loss.item()`` needed)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        return float(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if getattr(value, "shape", None) == () and callable(item := getattr(value, "item", None)):
+        got = item()
+        return None if isinstance(got, bool) or not isinstance(got, (int, float)) else got
+    return None
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from .owner import Owner, boot_id, host
 from .sinks.router import StorageRouter
 from .sinks.small import get_bytes, put_bytes
 from .state import index as step_index
-from .state import reshard
+from .state import reshard, select
 from .state.flatten import flatten
 from .state.hf_index import HF_METADATA, ObjectTensors, hf_index
 from .state.hf_index import INDEX as HF_INDEX
@@ -472,6 +472,9 @@ async def load_step(
     base_root = check_root(root, ckpt.storage)
     if step is not None:
         check_step(step)
+    if not isinstance(as_torch, bool):  # before any I/O, on every path (resharded too)
+        raise ConfigError(f"as_torch must be True or False, got {as_torch!r}")
+    select.check(keys, prefix)
     if coll is None:
         async with get_collectives() as own:
             return await load_step(

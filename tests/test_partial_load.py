@@ -108,6 +108,18 @@ async def test_unknown_keys_and_prefixes_are_named_before_any_data_is_read(tmp_p
             await c.load_state(uri, prefix="opt.")
         with pytest.raises(ConfigError, match="keys must be"):
             await c.load_state(uri, keys=[3])
+        # an empty list loaded an empty state without a word; a string for as_torch was taken
+        with pytest.raises(ConfigError, match=r"keys must be a non-empty string or a list of them, got \[\]"):
+            await c.load_state(uri, keys=[])
+        with pytest.raises(ConfigError, match=r"prefix must be .*got \(\)"):
+            await c.load_state(uri, prefix=())
+        with pytest.raises(ConfigError, match="as_torch must be True or False, got 'yes'"):
+            await c.load_state(uri, as_torch="yes")  # type: ignore[arg-type]
+        await c.save_step(tmp_path / "run", 1, big_state())
+        with pytest.raises(ConfigError, match="as_torch must be True or False, got 1"):
+            await c.load_step(tmp_path / "run", as_torch=1)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"keys must be .*got \[\]"):
+            await c.load_step(tmp_path / "run", keys=[])
 
 
 async def test_partial_load_into_the_callers_arrays(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
 from asyncckpt.errors import ConfigError
 from asyncckpt.retention import Cadence, RetentionPolicy, check_metrics, kept, to_delete
@@ -131,6 +133,15 @@ def test_conflicting_or_bad_cadences_are_refused(kwargs: dict[str, Any], message
         Cadence(**kwargs)
 
 
+def test_metrics_as_a_training_loop_has_them_are_numbers() -> None:
+    """A NumPy scalar or a 0-d tensor (the loss itself) was refused: "must be a number"."""
+    got = check_metrics(
+        {"loss": np.float32(0.5), "step": np.int64(7), "acc": torch.tensor(0.25), "n": np.array(3)}
+    )
+    assert got == {"loss": 0.5, "step": 7, "acc": 0.25, "n": 3}
+    assert all(type(v) in (int, float) for v in got.values())  # JSON-safe, as a record holds them
+
+
 @pytest.mark.parametrize(
     ("metrics", "message"),
     [
@@ -138,6 +149,9 @@ def test_conflicting_or_bad_cadences_are_refused(kwargs: dict[str, Any], message
         ({"loss": -math.inf}, "metric 'loss' must be finite, got -inf"),
         ({"loss": "0.5"}, "metric 'loss' must be a number, got '0.5'"),
         ({"ok": True}, "metric 'ok' must be a number, got True"),
+        ({"ok": np.bool_(True)}, "metric 'ok' must be a number"),
+        ({"loss": np.float32("nan")}, "metric 'loss' must be finite"),
+        ({"loss": np.zeros(2)}, "metric 'loss' must be a number"),
         ({3: 1.0}, "metrics keys must be non-empty strings, got 3"),
         ([("loss", 1.0)], "metrics must be a mapping"),
     ],

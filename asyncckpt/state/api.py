@@ -355,6 +355,8 @@ async def load_state(
     scattered into the destination arrays."""
     if verify not in (True, False):
         raise ConfigError(f"verify must be True or False, got {verify!r}")
+    if not isinstance(as_torch, bool):
+        raise ConfigError(f"as_torch must be True or False, got {as_torch!r}")
     if into is not None and not isinstance(into, Mapping):
         raise ConfigError(f"into must be a state mapping, got {type(into).__name__}")
     select.check(keys, prefix)

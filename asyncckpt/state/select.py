@@ -11,7 +11,7 @@ from ..errors import ConfigError
 
 def _names(value: object, what: str) -> list[str]:
     items = [value] if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not all(isinstance(k, str) and k for k in items):
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(k, str) and k for k in items):
         raise ConfigError(f"{what} must be a non-empty string or a list of them, got {value!r}")
     return list(items)
 
