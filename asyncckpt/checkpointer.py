@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any, Literal, overload
 
 from . import modes, steps
+from .blocking import run_blocking
 from .config import CheckpointConfig
 from .engine import load as loads
 from .engine.load import Found, LoadStream, ProgressFn
@@ -23,6 +24,7 @@ from .engine.runtime import Runtime
 from .engine.save import save_object
 from .errors import ConfigError
 from .results.records import LoadResult, SaveResult
+from .sinks import local_path
 from .sinks.router import StorageRouter
 from .sources import CallerData
 from .state import api as state_api
@@ -97,7 +99,14 @@ class AsyncCheckpointer:
         return now() - t0
 
     async def delete(self, uri: str | os.PathLike[str]) -> None:
-        """Remove a published checkpoint and its manifest (no error if absent)."""
+        """Remove a published checkpoint and its manifest (no error if absent). A directory is
+        not a checkpoint: refused (a step: :func:`asyncckpt.steps.delete_step`), never removed."""
+        path = local_path(os.fspath(uri)) if isinstance(uri, (str, os.PathLike)) else None
+        if path is not None and await run_blocking(self.runtime.executor(), path.is_dir):
+            raise ConfigError(
+                f"{os.fspath(uri)!r} is a directory, not a checkpoint; delete removes one checkpoint "
+                "file and its manifest (a step: steps.delete_step)"
+            )
         for target in (manifest_uri(os.fspath(uri)), os.fspath(uri)):  # manifest first: never valid alone
             sink = await self.storage.handle(target)
             try:

@@ -283,3 +283,19 @@ async def test_view_is_invalid_after_the_next_item(tmp_path: Path) -> None:
             kept.append(view)
     with pytest.raises(ValueError, match="released"):
         bytes(kept[0])
+
+
+async def test_delete_removes_a_checkpoint_and_refuses_a_directory(tmp_path: Path) -> None:
+    """``delete(dir)`` removed an empty directory the user had made, and on a full one said
+    "[Errno 39] Directory not empty"; a directory is not a checkpoint."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("keep")
+    async with AsyncCheckpointer(chunk_size=CHUNK, num_buffers=2) as ckpt:
+        await ckpt.save(tmp_path / "c.bin", CHUNK)
+        await ckpt.delete(tmp_path / "c.bin")
+        for name in ("mine", "full"):
+            with pytest.raises(ConfigError, match=f"'{tmp_path / name}' is a directory, not a checkpoint"):
+                await ckpt.delete(tmp_path / name)
+    assert sorted(os.listdir(tmp_path)) == ["full", "mine"]
+    assert (tmp_path / "full" / "notes.txt").read_text() == "keep"
