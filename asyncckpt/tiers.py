@@ -106,7 +106,11 @@ def check_tiers(remote: str, local: object, keep_local: object, host: StepHost) 
     """The local root as a URI; ConfigError naming the bad value, before any I/O."""
     if isinstance(keep_local, bool) or not isinstance(keep_local, int) or keep_local < 1:
         raise ConfigError(f"keep_local must be a positive integer, got {keep_local!r}")
-    root = steps.check_root(local, host.storage)
+    try:
+        root = steps.check_root(local, host.storage)
+    except ConfigError as exc:  # the message says "root": name the argument it came from
+        shown = os.fspath(local) if isinstance(local, (str, os.PathLike)) else local
+        raise ConfigError(f"local={shown!r}: {exc}") from None
     if not host.storage.backend_of(root).has_directories:
         raise ConfigError(
             f"local={root!r} must be a local directory path (the fast tier), not a remote store"

@@ -237,6 +237,12 @@ def test_bad_tier_input_is_refused_naming_it(tmp_path: Path, kwargs: dict[str, A
         CheckpointManager(tmp_path / "remote", **options)
 
 
+def test_a_file_given_as_the_local_tier_is_named_as_local(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ConfigError, match=r"local='.*/f': root '.*/f' is a file"):
+        CheckpointManager(tmp_path / "remote", local=tmp_path / "f", **OPTIONS)
+
+
 def test_the_local_root_must_not_be_the_remote_root(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="overlap"):
         CheckpointManager(tmp_path, local=tmp_path, **OPTIONS)
