@@ -244,3 +244,12 @@ def test_report_and_compare_say_what_a_tiered_or_workload_result_is(tmp_path: Pa
             proc = bench(*command, cwd=tmp_path)
             assert proc.returncode == 2, proc.stderr
             assert len(proc.stderr.strip().splitlines()) == 1 and fragment in proc.stderr, proc.stderr
+
+
+def test_report_csv_of_a_result_without_records_is_refused_before_printing(tmp_path: Path) -> None:
+    """It printed the whole report, then said the result has no records (exit 2)."""
+    saved = bench(*SMALL, "--json", "r.json", cwd=tmp_path)
+    assert saved.returncode == 0, saved.stderr
+    proc = bench("report", "r.json", "--csv", "r.csv", cwd=tmp_path)
+    assert proc.returncode == 2 and "no per-chunk records" in proc.stderr
+    assert proc.stdout == "" and not (tmp_path / "r.csv").exists()

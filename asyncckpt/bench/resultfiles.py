@@ -137,12 +137,17 @@ def csv_rows(doc: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
             yield row
 
 
-def to_csv(doc: Mapping[str, Any]) -> str:
-    """Per-chunk records of every result as CSV (spreadsheets); needs records in ``doc``."""
+def check_csv_source(doc: Mapping[str, Any]) -> None:
+    """``--csv`` needs per-chunk records in ``doc``: said before anything is printed."""
     if doc.get("mode") == "mpi":
         raise ConfigError("--csv: an MPI result holds no per-chunk records (run one rank without mpirun)")
     if not any(r.get("records") for r in doc.get("results", ())):
         raise ConfigError("--csv: this result has no per-chunk records (save it with --records)")
+
+
+def to_csv(doc: Mapping[str, Any]) -> str:
+    """Per-chunk records of every result as CSV (spreadsheets); needs records in ``doc``."""
+    check_csv_source(doc)
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()

@@ -15,7 +15,7 @@ from .grammar import Command, NotYet, Override, not_yet
 from .outputs import add_output_arguments, check_outputs, render_text, write_outputs
 from .parsing import Parser
 from .pipes import stdout_reader_gone
-from .resultfiles import load_result
+from .resultfiles import check_csv_source, load_result
 from .steplist import ls_main
 
 
@@ -33,6 +33,8 @@ def report_main(argv: list[str]) -> int:
     args = report_parser().parse_args(argv)
     check_outputs(args)
     doc = load_result(args.result)
+    if args.csv is not None:
+        check_csv_source(doc)  # before the report is printed, not after it
     text = render_text(doc, quiet=args.quiet)
     print(text)
     for line in write_outputs(doc, text, args):
