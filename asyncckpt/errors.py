@@ -141,7 +141,7 @@ def map_os_error(exc: OSError, what: str) -> StorageError:
     if isinstance(exc, StorageError):
         return exc
     detail = exc.strerror or str(exc)
-    message = f"{what}: {detail} (errno {exc.errno})"
+    message = f"{what}: {detail}"  # str() of the error puts "[Errno N]" in front: once
     cls: type[StorageError]
     if exc.errno == errno.ENOENT:
         cls = TargetNotFoundError

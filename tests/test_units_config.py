@@ -79,3 +79,5 @@ def test_error_hierarchy_maps_builtins() -> None:
     assert isinstance(err, TargetNotFoundError) and isinstance(err, FileNotFoundError)
     assert isinstance(err, StorageError) and isinstance(err, OSError) and isinstance(err, AsyncCkptError)
     assert "open /x" in str(err)
+    # the number once: "[Errno 27] create '/x': File too large (errno 27)" said it twice
+    assert str(err) == "[Errno 2] open /x: No such file or directory"
