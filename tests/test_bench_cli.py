@@ -63,6 +63,11 @@ def test_both_methods_to_explicit_target(tmp_path: Path) -> None:
         # null:// keeps nothing: the default --mode both would fail its load after the saves
         (["null://x", "--size", "1MiB"], "--mode both: 'null://x' keeps nothing it is sent"),
         (["null://x", "--size", "1MiB", "--mode", "load"], "nothing to load; use --mode save"),
+        # --local with a workload: a plain workload ran, the local tier unmentioned
+        (
+            ["r", "--local", ".", "--model", "llama3-8b", "--scale", "0.001"],
+            "--local (a tiered run) does not take --model",
+        ),
         # a library of another kind of store: the run measured the target's own, silently
         (
             ["x.bin", "--size", "1MiB", "--backend", "aiobotocore"],

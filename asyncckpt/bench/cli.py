@@ -187,6 +187,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_local_run(args: argparse.Namespace, *, workload: bool, ranks: int) -> None:
+    """``--local`` is a one-process run of a synthetic checkpoint: with a workload (its own
+    layout of objects) or several ranks it was silently left out."""
+    if args.local is None:
+        return
+    if workload:
+        raise ConfigError(
+            "--local (a tiered run) does not take --model/--config: a DLIO workload writes its own objects"
+        )
+    if ranks > 1:
+        raise ConfigError(f"--local (a tiered run) runs in one process; this job has {ranks} ranks")
+
+
 def tiered_plan(args: argparse.Namespace, plan: BenchPlan) -> TieredPlan:
     """``--local DIR``: the options a tiered run takes, checked before any I/O."""
     if plan.target is None:
@@ -321,6 +334,7 @@ def _main(argv: Sequence[str] | None) -> int:
         check_target(args.target)
         args.overrides = cmd.overrides
         check_outputs(args, mpi=comm.engine != "single" or comm.size > 1)
+        check_local_run(args, workload=info.workload is not None, ranks=comm.size)
     except (ConfigError, MissingDependencyError) as exc:
         if _rank() == 0:  # under mpirun only rank 0 speaks
             print(f"asyncckpt.bench: error: {exc}", file=sys.stderr)
