@@ -37,15 +37,15 @@ print("after the block", flush=True)
 EXIT = {"python": 100, "default": None}  # None: killed by the signal itself
 
 
-def run(mode: str, signum: int, handler: str) -> subprocess.CompletedProcess[str]:
+def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-c", CHILD, mode, str(signum), handler],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=60
     )
+
+
+def run(mode: str, signum: int, handler: str) -> subprocess.CompletedProcess[str]:
+    return python(CHILD, mode, str(signum), handler)
 
 
 def expected_rc(signum: int, handler: str) -> int:
@@ -78,6 +78,5 @@ def test_an_ignored_signal_stays_ignored() -> None:
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "print('still here', signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    done = python(code)
     assert (done.returncode, done.stdout) == (0, "still here True\n"), done.stderr
