@@ -17,6 +17,12 @@ async def test_blocks() -> None:
     time.sleep(0.3)
 
 
+async def test_computes() -> None:
+    start = time.thread_time()
+    while time.thread_time() - start < 0.3:  # 0.3 s of this thread's own CPU: never sleeps
+        pass
+
+
 async def test_yields() -> None:
     import asyncio
 
@@ -37,4 +43,5 @@ def test_a_test_that_blocks_its_loop_fails(tmp_path: Path) -> None:
     )
     out = run.stdout + run.stderr
     assert "ERROR test_guarded.py::test_blocks - AssertionError: event loop was blocked" in out, out
-    assert "2 passed, 1 error" in out, out
+    assert "ERROR test_guarded.py::test_computes - AssertionError: event loop was blocked" in out, out
+    assert "3 passed, 2 errors" in out, out
