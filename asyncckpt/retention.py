@@ -60,10 +60,10 @@ def _number(value: object) -> float | None:
         return None
     if isinstance(value, (int, float)):
         return value
-    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
-        return float(value)
-    if isinstance(value, numbers.Integral):
+    if isinstance(value, numbers.Integral):  # NumPy's integers, before the reals they are too
         return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
     if getattr(value, "shape", None) == () and callable(item := getattr(value, "item", None)):
         got = item()
         return None if isinstance(got, bool) or not isinstance(got, (int, float)) else got

@@ -35,7 +35,8 @@ from .owner import Owner, boot_id, host
 from .sinks.router import StorageRouter
 from .sinks.small import get_bytes, put_bytes
 from .state import index as step_index
-from .state import reshard, select
+from .state import reshard
+from .state.api import check_load_options
 from .state.flatten import flatten
 from .state.hf_index import HF_METADATA, ObjectTensors, hf_index
 from .state.hf_index import INDEX as HF_INDEX
@@ -198,17 +199,33 @@ async def put_index(ckpt: StepHost, uri: str, record: Mapping[str, Any]) -> str:
     return summed
 
 
-async def get_index_bytes(ckpt: StepHost, uri: str, expected: str | None) -> bytes | None:
-    """The bytes of an index file, None if absent; IntegrityError naming both values when
-    they do not match ``expected``, the CRC32C its commit record gives (None: not known)."""
+async def _read_bytes(ckpt: StepHost, uri: str, limit: int) -> bytes | None:
+    """The whole small object at ``uri`` (at most ``limit`` bytes); None if absent."""
     sink = await ckpt.storage.handle(uri)
     try:
-        raw = await get_bytes(sink, INDEX_LIMIT)
+        return await get_bytes(sink, limit)
     except TargetNotFoundError:
         return None
     finally:
         await sink.aclose()
-    if expected is not None:
+
+
+async def _size(ckpt: StepHost, uri: str) -> int | None:
+    """The size of the published object at ``uri``; None if absent."""
+    sink = await ckpt.storage.handle(uri)
+    try:
+        return await sink.size()
+    except TargetNotFoundError:
+        return None
+    finally:
+        await sink.aclose()
+
+
+async def get_index_bytes(ckpt: StepHost, uri: str, expected: str | None) -> bytes | None:
+    """The bytes of an index file, None if absent; IntegrityError naming both values when
+    they do not match ``expected``, the CRC32C its commit record gives (None: not known)."""
+    raw = await _read_bytes(ckpt, uri, INDEX_LIMIT)
+    if raw is not None and expected is not None:
         got = await run_blocking(ckpt.runtime.executor(), digest, raw)
         if got != expected:
             raise IntegrityError(
@@ -222,14 +239,8 @@ async def get_index_bytes(ckpt: StepHost, uri: str, expected: str | None) -> byt
 async def get_record(ckpt: StepHost, uri: str, *, limit: int = RECORD_LIMIT) -> dict[str, Any] | None:
     """The JSON record at ``uri``; None if absent. One larger than ``RECORD_LIMIT`` (an index,
     read with ``limit=INDEX_LIMIT``) is parsed in a thread."""
-    sink = await ckpt.storage.handle(uri)
-    try:
-        raw = await get_bytes(sink, limit)
-    except TargetNotFoundError:
-        return None
-    finally:
-        await sink.aclose()
-    return await parse_record(ckpt, uri, raw)
+    raw = await _read_bytes(ckpt, uri, limit)
+    return None if raw is None else await parse_record(ckpt, uri, raw)
 
 
 async def parse_record(ckpt: StepHost, uri: str, raw: bytes) -> dict[str, Any]:
@@ -273,14 +284,7 @@ async def make_directory(ckpt: StepHost, uri: str) -> None:
 
 async def exists(ckpt: StepHost, uri: str) -> bool:
     """Whether a published object is at ``uri``."""
-    sink = await ckpt.storage.handle(uri)
-    try:
-        await sink.size()
-    except TargetNotFoundError:
-        return False
-    finally:
-        await sink.aclose()
-    return True
+    return await _size(ckpt, uri) is not None
 
 
 # -- the public operations -----------------------------------------------------------------
@@ -472,9 +476,7 @@ async def load_step(
     base_root = check_root(root, ckpt.storage)
     if step is not None:
         check_step(step)
-    if not isinstance(as_torch, bool):  # before any I/O, on every path (resharded too)
-        raise ConfigError(f"as_torch must be True or False, got {as_torch!r}")
-    select.check(keys, prefix)
+    check_load_options(as_torch, keys, prefix)  # before any I/O, on every path (resharded too)
     if coll is None:
         async with get_collectives() as own:
             return await load_step(
@@ -521,11 +523,9 @@ async def _check_named(ckpt: StepHost, uri: str, size: int) -> None:
     """The object is the one its commit record names, as far as its size tells, before any
     byte of it reaches the caller's arrays (a record copied or restored by hand over other
     objects; records of this version are withdrawn before a step is saved again)."""
-    sink = await ckpt.storage.handle(uri)
-    try:
-        found = await sink.size()
-    finally:
-        await sink.aclose()
+    found = await _size(ckpt, uri)
+    if found is None:
+        raise TargetNotFoundError(2, f"{uri!r}: the object its step's commit record names is missing")
     if found != size:
         raise IntegrityError(
             f"{uri!r} is {found} bytes, its step's commit record names an object of {size}: "

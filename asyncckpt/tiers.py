@@ -339,6 +339,8 @@ class Tiers:
         name = steps.rank_object(coll.rank, coll.world_size)
         base = steps.step_uri(self.remote, step)
         try:
+            if record is None:  # a resumed drain: read once, for the marker and the remote commit
+                record = await steps.read_commit(self.host, self.local, step)
             done = await self._drain_mine(step, name, base, record)
         except Exception as exc:
             self._failed(step, exc)
@@ -363,7 +365,7 @@ class Tiers:
 
         A marker of another object (an earlier save of this step number) does not count; the
         remote commit of that earlier save is withdrawn before its object is replaced."""
-        source = await self._source(step, record)
+        source = self._source(record)
         marker = await steps.get_record(self.host, f"{base}/{_marker(name)}")
         if marker is not None and source is not None and marker.get("source") == source:
             return None
@@ -386,13 +388,11 @@ class Tiers:
         await steps.put_record(self.host, f"{base}/{_marker(name)}", facts)
         return done
 
-    async def _source(self, step: int, record: StepCommit | None) -> Any:
-        """This rank's local object of ``step`` as its local commit record names it (a file's
+    def _source(self, record: StepCommit | None) -> Any:
+        """This rank's local object as its step's local commit record names it (a file's
         identity): what a remote marker must name to stand for it; None if unknown."""
         coll = self._coll
         assert coll is not None
-        if record is None:
-            record = await steps.read_commit(self.host, self.local, step)
         if record is None or coll.rank >= len(record.identities):
             return None
         return _as_json(record.identities[coll.rank])

@@ -51,9 +51,16 @@ _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c
 _MEMORY_FILE_SYSTEMS = {0x01021994: "tmpfs", 0x858458F6: "ramfs"}
 
 
-def in_memory(fs: str) -> str:
-    """Why O_DIRECT on a file system in memory defeats no cache (the result says so)."""
-    return f"O_DIRECT accepted by {fs}, which keeps files in memory: no page cache is bypassed"
+def in_memory(fs: str | None, want: bool | None, path: Path) -> str | None:
+    """Why O_DIRECT on a file system in memory (``fs``, None: not one) defeats no cache, for
+    the result; DirectIOUnavailableError when ``direct_io=True`` (``want``) asked for it there.
+    Linux 6.6+ tmpfs takes O_DIRECT: its files are the page cache."""
+    if fs is None:
+        return None
+    reason = f"O_DIRECT accepted by {fs}, which keeps files in memory: no page cache is bypassed"
+    if want is True:
+        raise DirectIOUnavailableError(errno.EINVAL, f"direct_io=True but {reason} for {str(path)!r}")
+    return reason
 
 
 def memory_file_system(fd: int) -> str | None:
@@ -199,12 +206,8 @@ class FileSink(Sink):
                 if exc.errno != errno.EINVAL:
                     raise
                 self.direct_reason = f"O_DIRECT refused by the file system ({exc.strerror})"
-        if self.direct and self.memory_fs:  # Linux 6.6+ tmpfs takes O_DIRECT: its files ARE the cache
-            self.direct_reason = in_memory(self.memory_fs)
-            if want is True:
-                raise DirectIOUnavailableError(
-                    errno.EINVAL, f"direct_io=True but {self.direct_reason} for {str(self.path)!r}"
-                )
+        if self.direct and (reason := in_memory(self.memory_fs, want, self.path)):
+            self.direct_reason = reason
         if not self.direct and want is True:
             raise DirectIOError(
                 errno.EINVAL, f"direct_io=True but {self.direct_reason} for {str(self.path)!r}"
@@ -371,16 +374,12 @@ class FileSink(Sink):
         elif not _O_DIRECT:
             self._rreason = "O_DIRECT is not available on this platform"
         else:
-            fs = memory_file_system(self._rfd)  # Linux 6.6+ tmpfs takes O_DIRECT: its files ARE the cache
-            if fs and want is True:
-                raise DirectIOUnavailableError(
-                    errno.EINVAL, f"direct_io=True but {in_memory(fs)} for {str(self.path)!r}"
-                )
+            memory = in_memory(memory_file_system(self._rfd), want, self.path)
             try:
                 flags = fcntl.fcntl(self._rfd, fcntl.F_GETFL)
                 fcntl.fcntl(self._rfd, fcntl.F_SETFL, flags | _O_DIRECT)
                 self._rdirect = True
-                self._rreason = in_memory(fs) if fs else "O_DIRECT reads (page cache bypassed)"
+                self._rreason = memory or "O_DIRECT reads (page cache bypassed)"
                 # for misaligned requests (a footer); opened now, so both see one version
                 self._bfd = os.open(f"/proc/self/fd/{self._rfd}", os.O_RDONLY | os.O_CLOEXEC)
                 return

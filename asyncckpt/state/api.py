@@ -333,6 +333,14 @@ def _layout(p: _Plan) -> tuple[dict[str, Any], ...]:
 
 
 # -- loading -----------------------------------------------------------------------------
+def check_load_options(as_torch: object, keys: object, prefix: object) -> None:
+    """What every load of a state takes (one object, a step, resharded or not), checked
+    before any I/O."""
+    if not isinstance(as_torch, bool):
+        raise ConfigError(f"as_torch must be True or False, got {as_torch!r}")
+    select.check(keys, prefix)
+
+
 async def load_state(
     rt: Runtime,
     storage: StorageRouter,
@@ -355,11 +363,9 @@ async def load_state(
     scattered into the destination arrays."""
     if verify not in (True, False):
         raise ConfigError(f"verify must be True or False, got {verify!r}")
-    if not isinstance(as_torch, bool):
-        raise ConfigError(f"as_torch must be True or False, got {as_torch!r}")
     if into is not None and not isinstance(into, Mapping):
         raise ConfigError(f"into must be a state mapping, got {type(into).__name__}")
-    select.check(keys, prefix)
+    check_load_options(as_torch, keys, prefix)
     target = _uri(uri)
     sink = await storage.handle(target)
     try:
