@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from asyncckpt import AsyncCheckpointer, DirectIOError, WriterProcessError
+from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.sinks import SinkOptions
 from asyncckpt.sinks.isolation import ProcessSink, resolve_policy
 from asyncckpt.sinks.shm import KIND_ENV, PREFIX, SharedArena, SharedBufferPool, shm_dir
@@ -374,3 +375,30 @@ def test_large_inline_messages_under_uvloop(tmp_path: Path) -> None:
         return bytes(private)
 
     assert uvloop.run(run()) == expected_bytes(size, CHUNK, 3)
+
+
+async def test_a_writer_process_imports_its_client_library_when_it_starts(
+    moto_endpoint: S3Endpoint,
+) -> None:
+    """Starting is not storage I/O: the library's import (s3dlio: 1-2 s, its runtime starting)
+    belongs to the start, not to the first ``open`` the stall watchdog times. Before, a fresh
+    writer's first open paid it, and a drain with ``stall_timeout=2`` was reported stalled
+    before its first request was sent. Read from the kernel's map of the child's memory."""
+    policy = resolve_policy("s3dlio", isolation="process", mp_start_method="forkserver")
+    options = SinkOptions(extra=moto_endpoint.options())
+    with ThreadPoolExecutor(2) as executor:
+        sink = ProcessSink(
+            "s3://unused-bucket/k",
+            executor=executor,
+            options=options,
+            backend="s3dlio",
+            policy=policy,
+            timeout=60,
+        )
+        try:
+            await sink.start()
+            assert sink.pid is not None
+            maps = await asyncio.to_thread(Path(f"/proc/{sink.pid}/maps").read_text)
+        finally:
+            await sink.aclose()
+    assert "/s3dlio/" in maps

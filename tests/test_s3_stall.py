@@ -125,8 +125,9 @@ TIMED = (
 )
 #: chunks of a timed save: all of them fit in s3dlio's window (2 x max_in_flight + 1 parts)
 TIMED_CHUNKS = 12
-#: the timed saves' stall_timeout: above a fresh writer process's first s3dlio call on a
-#: loaded machine (its runtime starting: 1-1.6 s quiet, > 2 s seen under load)
+#: the timed saves' stall_timeout: above an in-process s3dlio's first call on a loaded machine
+#: (its import and runtime starting: 1-1.6 s quiet, > 2 s seen under load; a writer process
+#: imports it as it starts, outside the watched calls)
 TIMED_STALL_S = 4.0
 #: after the stall the caller's data keeps coming, one chunk per TIMED_STALL_S / 4 (a slow
 #: producer, not a synchronisation): a library that takes it into memory must not count that

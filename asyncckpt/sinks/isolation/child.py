@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ...blocking import Offload
+from ...blocking import Offload, run_blocking
 from ...priority import lower
 from ...sources.base import GenSpec
 from ..base import InPlaceWrite, Sink, SinkOptions
-from ..registry import BACKENDS, backend_class
+from ..registry import BACKENDS, import_backend
 from ..shm import SharedArena
 from ..store import Store
 
@@ -171,7 +171,9 @@ class _Server:
     # -- requests ----------------------------------------------------------------------
     async def do_warm(self, hid: int) -> None:
         del hid
-        backend_class(self.spec.backend)  # imports the client library (s3dlio: ~1 s)
+        # the client library itself (s3dlio: 1-2 s, its runtime starting), so the first open,
+        # which the stall watchdog times, is storage I/O only
+        await run_blocking(self.executor, import_backend, self.spec.backend)
 
     async def do_bind(self, hid: int, uri: str) -> None:
         self.sinks[hid] = self.store.handle(uri)
