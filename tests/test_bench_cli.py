@@ -62,7 +62,17 @@ def test_both_methods_to_explicit_target(tmp_path: Path) -> None:
         (["--repeat", "0"], "--repeat must be >= 1"),
         # null:// keeps nothing: the default --mode both would fail its load after the saves
         (["null://x", "--size", "1MiB"], "--mode both: 'null://x' keeps nothing it is sent"),
-        (["null://x", "--size", "1MiB", "--mode", "load"], "nothing to load; use --mode save"),
+        (["null://x", "--mode", "load"], "nothing to load; use --mode save"),
+        # options the run would ignore: the figure was not measured as the command says
+        (
+            ["x.bin", "--mode", "load", "--size", "1MiB"],
+            "--mode load only loads an existing checkpoint: --size",
+        ),
+        (
+            ["x.bin", "--mode", "save", "--num-checkpoints-read", "3", "--drop-caches"],
+            "--mode save only saves: --num-checkpoints-read, --drop-caches would have no effect",
+        ),
+        (["x.bin", "--size", "1MiB", "--layout", "{bogus}"], "--layout names each rank's shard"),
         # --local with a workload: a plain workload ran, the local tier unmentioned
         (
             ["r", "--local", ".", "--model", "llama3-8b", "--scale", "0.001"],

@@ -12,7 +12,8 @@ import pytest
 
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "asyncckpt.bench", "--size", "6MiB", "--chunk-size", "1MiB", "-q", *args]
+    size = [] if "load" in args else ["--size", "6MiB"]  # a load reads the saved size
+    cmd = [sys.executable, "-m", "asyncckpt.bench", *size, "--chunk-size", "1MiB", "-q", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
 
@@ -35,7 +36,15 @@ def test_save_keep_then_load_only(tmp_path: Path) -> None:
     assert bench(str(target), "--mode", "save", "--keep").returncode == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.bin"]
     run = bench(
-        str(target), "--mode", "load", "--verify", "regenerate", "--num-readers", "2", "--repeat", "1"
+        str(target),
+        "--mode",
+        "load",
+        "--verify",
+        "regenerate",
+        "--num-readers",
+        "2",
+        "--num-checkpoints-read",
+        "1",
     )
     assert run.returncode == 0, run.stderr
     assert "load" in run.stdout and target.exists()  # a load-only run never deletes

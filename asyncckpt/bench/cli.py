@@ -44,6 +44,7 @@ from .scaleout import add_scaleout_arguments, parse_with_presets
 from .signals import sigterm_as_sigint, temporary_directory
 from .subcommands import run_subcommand
 from .tiered import TieredPlan, run_tiered
+from .unused import check_unused, given
 
 DEFAULT_SIZE = "1GiB"
 
@@ -335,6 +336,9 @@ def _main(argv: Sequence[str] | None) -> int:
         args.overrides = cmd.overrides
         check_outputs(args, mpi=comm.engine != "single" or comm.size > 1)
         check_local_run(args, workload=info.workload is not None, ranks=comm.size)
+        distributed = comm.engine != "single" or comm.size > 1
+        if args.local is None:  # a tiered run refuses what it does not take itself
+            check_unused(given(parser, tokens), args.mode, shards_named=distributed and info.workload is None)
     except (ConfigError, MissingDependencyError) as exc:
         if _rank() == 0:  # under mpirun only rank 0 speaks
             print(f"asyncckpt.bench: error: {exc}", file=sys.stderr)
