@@ -55,11 +55,20 @@ def test_both_methods_to_explicit_target(tmp_path: Path) -> None:
     [
         (["--size", "0"], "--size must be > 0"),
         (["--size", "lots"], "cannot parse 'lots'"),
-        (["--chunk-size", "1000"], "chunk_size must be >= 4096, got 1000"),
-        (["--num-buffers", "0"], "num_buffers must be >= 1, got 0"),
+        # the option as typed, not the library's field name (it said chunk_size, num_buffers)
+        (["--chunk-size", "1000"], "--chunk-size must be >= 4096, got 1000"),
+        (["--num-buffers", "0"], "--num-buffers must be >= 1, got 0"),
+        (["--max-in-flight", "0"], "--max-in-flight must be >= 1, got 0"),
+        (["--stall-timeout", "-1"], "--stall-timeout must be in (0,"),
+        (
+            ["s3://b/x", "--part-size", "1"],
+            "--part-size 1 B is below the S3 minimum of 5 MiB; raise --part-size",
+        ),
         (["gopher://x/y"], "unsupported URI scheme 'gopher'"),
         (["/definitely/not/here/x.bin"], "'/definitely/not/here' of"),
-        (["--repeat", "0"], "--repeat must be >= 1"),
+        (["--repeat", "0"], "(--repeat) must be >= 1"),
+        # its alias named too: it said --repeat to a user who typed --num-checkpoints-write
+        (["--num-checkpoints-write", "0"], "--num-checkpoints-write (--repeat) must be >= 1"),
         # null:// keeps nothing: the default --mode both would fail its load after the saves
         (["null://x", "--size", "1MiB"], "--mode both: 'null://x' keeps nothing it is sent"),
         (["null://x", "--mode", "load"], "nothing to load; use --mode save"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -19,13 +20,52 @@ from .load_args import load_plan_from_args
 from .resultfiles import check_output_file
 from .runner import BenchPlan
 
+#: the library's name of each setting an option sets: its errors name the option, as typed
+FLAGS = {
+    **{
+        name: "--" + name.replace("_", "-")
+        for name in (
+            "chunk_size",
+            "num_buffers",
+            "gen_threads",
+            "thread_budget",
+            "cpu_nice",
+            "max_in_flight",
+            "backend",
+            "integrity",
+            "generator",
+            "seed",
+            "writer_timeout",
+            "stall_timeout",
+        )
+    },
+    "part_size": "--part-size",
+    "endpoint_url": "--endpoint",
+    "endpoints": "--endpoints",
+    "lb_strategy": "--lb-strategy",
+}
+
+
+def cli_config(options: dict[str, Any]) -> CheckpointConfig:
+    """The configuration, its errors naming the command-line option, not the library's field:
+    ``--chunk-size 1000`` is reported as ``--chunk-size must be >= 4096``, not ``chunk_size``."""
+    try:
+        return CheckpointConfig(**options)
+    except ConfigError as exc:
+        given = {**options, **options.get("backend_options", {})}
+        names = [name for name in FLAGS if given.get(name) is not None]
+        if not names:
+            raise
+        pattern = re.compile(r"(?<![\w-])(" + "|".join(names) + r")\b")
+        raise type(exc)(pattern.sub(lambda m: FLAGS[m.group(1)], str(exc))) from exc
+
 
 def plan_from_args(args: argparse.Namespace) -> BenchPlan:
     """Turn arguments into a validated plan (raises ConfigError before any I/O)."""
     if world()[0] == 0:  # under mpirun only rank 0 writes the report
         check_output_file(args.json, "--json", overwrite=bool(getattr(args, "overwrite", False)))
     if args.repeat < 1:
-        raise ConfigError(f"--repeat must be >= 1, got {args.repeat}")
+        raise ConfigError(f"--num-checkpoints-write (--repeat) must be >= 1, got {args.repeat}")
     if args.size <= 0:
         raise ConfigError(f"--size must be > 0, got {args.size}")
     options: dict[str, Any] = {
@@ -59,7 +99,7 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         options["writer_timeout"] = args.writer_timeout
     if args.stall_timeout is not None:
         options["stall_timeout"] = args.stall_timeout
-    config = CheckpointConfig(**options)
+    config = cli_config(options)
     methods = ("streaming", "preallocate") if args.method == "both" else (args.method,)
     load = load_plan_from_args(args, config)
     return BenchPlan(
