@@ -99,6 +99,22 @@ def _owned_name(name: str, suffix: str) -> str:
     return f".{name}.{_TAG}~{host()}~{boot_id()}~{os.getpid()}~{uuid.uuid4().hex[:8]}{suffix}"
 
 
+def owned_dir_prefix(prefix: str) -> str:
+    """The start of a temporary directory's name that records its owner (this process), for
+    ``tempfile.mkdtemp(prefix=...)``: a later run can tell a killed run's directory."""
+    return f"{prefix}{_TAG}~{host()}~{boot_id()}~{os.getpid()}~"
+
+
+def parse_owned_dir(prefix: str, name: str) -> Owner | None:
+    """The owner recorded in a directory name made with :func:`owned_dir_prefix`, or None."""
+    m = re.match(
+        re.escape(prefix) + _TAG + r"~(?P<host>[A-Za-z0-9.-]{1,64})~(?P<boot>[0-9a-f]{8})~"
+        r"(?P<pid>\d{1,10})~[A-Za-z0-9_]{1,32}$",
+        name,
+    )
+    return None if m is None else Owner(name, m["host"], m["boot"], int(m["pid"]))
+
+
 def parse_temp(name: str) -> Owner | None:
     """The owner recorded in a temporary (or aside) name, or None if it is not one of ours."""
     m = _NAME.match(name)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from asyncckpt.owner import owned_dir_prefix
+
 from .conftest import ROOT
 
 PLAIN = ["--size", "256MiB", "--chunk-size", "8MiB", "--num-buffers", "2", "--repeat", "100"]
@@ -79,3 +81,34 @@ def test_a_signal_mid_run_removes_everything_the_run_wrote(
     said = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("[asyncckpt]")]
     assert len(said) == 1 and said[0].startswith("asyncckpt.bench: "), err
     assert ("terminated" if sig == signal.SIGTERM else "interrupted") in said[0]
+
+
+@pytest.mark.parametrize("kind", ["plain", "workload"])
+def test_a_run_removes_what_a_killed_run_left_in_its_temporary_folder(tmp_path: Path, kind: str) -> None:
+    """SIGKILL (the OOM killer, a scheduler's last resort) lets no ``finally`` run: the killed
+    run's folder stayed in TMPDIR with its partial checkpoint (1 GiB for the default run) until
+    the machine restarted. The next run of this host removes it; a folder whose run is alive,
+    and one of another name, stay."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = start(PLAIN if kind == "plain" else WORKLOAD, tmp)
+    try:
+        wait_until_writing(proc, tmp)
+    finally:
+        proc.kill()
+        proc.communicate()
+    (killed,) = os.listdir(tmp)  # with its partial checkpoint
+    assert files_under(tmp / killed)
+    prefix = "asyncckpt-bench-" if kind == "plain" else "asyncckpt-dlio-"
+    alive = tmp / f"{owned_dir_prefix(prefix)}live0001"  # this test's own pid: a run in progress
+    alive.mkdir()
+    (alive / "checkpoint.bin").write_bytes(b"in progress")
+    users = tmp / f"{prefix}mine"
+    users.mkdir()
+    once = [*WORKLOAD[:-2], "++workload.checkpoint.num_checkpoints_write=1", WORKLOAD[-1]]
+    second = start(["--size", "4MiB"] if kind == "plain" else once, tmp)
+    err = second.communicate(timeout=120)[1]
+    assert second.returncode == 0, err
+    assert sorted(os.listdir(tmp)) == sorted([alive.name, users.name])
+    assert (alive / "checkpoint.bin").read_bytes() == b"in progress"
+    assert f"removed {tmp / killed}" in err and "left by a run that was killed" in err

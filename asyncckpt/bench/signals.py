@@ -10,15 +10,18 @@ task, so every ``finally`` removes what the run wrote; elsewhere it raises
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 
 from ..node.distributed import Comm
+from ..owner import owned_dir_prefix, parse_owned_dir
 
 
 class Interrupt:
@@ -97,9 +100,44 @@ def deferred() -> Iterator[None]:
 
 def make_temporary(prefix: str) -> str:
     """A new temporary directory, made with SIGINT and SIGTERM held back, so that a signal
-    cannot fall between its creation and the caller's record of it."""
+    cannot fall between its creation and the caller's record of it. Its name records this
+    process; what a killed run (SIGKILL, the OOM killer) left under ``prefix`` goes first."""
+    collect_abandoned(prefix)
     with deferred():
-        return tempfile.mkdtemp(prefix=prefix)
+        return tempfile.mkdtemp(prefix=owned_dir_prefix(prefix))
+
+
+def collect_abandoned(prefix: str) -> None:
+    """Remove the temporary directories of runs that died without removing them (a run always
+    removes its own at its end, ``--keep`` or not): only directories of this user, host and
+    boot whose process is gone, as the owner rule says. A killed 1 GiB save left its 1 GiB
+    in the temporary folder, often a file system in memory, until the machine restarted."""
+    base = tempfile.gettempdir()
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        owner = parse_owned_dir(prefix, entry.name)
+        if owner is None or not owner.provably_dead():
+            continue
+        try:
+            if (
+                not entry.is_dir(follow_symlinks=False)
+                or entry.stat(follow_symlinks=False).st_uid != os.getuid()
+            ):
+                continue
+        except OSError:
+            continue
+        size = sum(
+            f.stat().st_size for f in Path(entry.path).rglob("*") if f.is_file() and not f.is_symlink()
+        )
+        remove_temporary(entry.path)
+        print(
+            f"[asyncckpt] removed {entry.path} ({size / 2**20:.1f} MiB), left by a run that was killed"
+            f" (pid {owner.pid})",
+            file=sys.stderr,
+        )
 
 
 def remove_temporary(path: str) -> None:
