@@ -19,10 +19,10 @@ Variables (meaning; default when unset):
 - ``AWS_*`` (:data:`AWS_VARIABLES`): S3 endpoint, credentials, region, CA bundle; unset.
 - ``S3DLIO_*`` (:data:`S3DLIO_VARIABLES`): s3dlio's own client settings; unset.
 - ``AZURE_STORAGE_*`` (:data:`AZURE_VARIABLES`): Azure Blob account, key, SAS, endpoint; unset.
-- ``STORAGE_EMULATOR_HOST``, ``GOOGLE_*`` (:data:`GCS_VARIABLES`): GCS emulator and credentials;
-  unset.
+- ``STORAGE_EMULATOR_HOST``, ``GOOGLE_*`` (:data:`GCS_VARIABLES`): GCS emulator, credentials
+  (a bearer token; a service-account key is refused, docs/azure-gcs.md) and project; unset.
 - ``XDG_CACHE_HOME``: where tools asyncckpt installs for tests live (Azurite); ``~/.cache``.
-- a ``.env`` file (``KEY=value`` lines, :func:`dotenv`): the S3 and Azure settings' last
+- a ``.env`` file (``KEY=value`` lines, :func:`dotenv`): the S3, Azure and GCS settings' last
   source, after ``backend_options`` and the process environment; never exported.
 - launcher variables (``RANK``, ``OMPI_COMM_WORLD_*``, ``SLURM_*``, …, named in
   :mod:`asyncckpt.node.launcher`): rank and world size; a single process.
@@ -80,6 +80,8 @@ GCS_VARIABLES: Final[Mapping[str, tuple[str, ...]]] = {
     "application_credentials": ("GOOGLE_APPLICATION_CREDENTIALS",),
     "service_account_key": ("GOOGLE_SERVICE_ACCOUNT_KEY",),
     "project": ("GOOGLE_CLOUD_PROJECT",),
+    # a bearer token for real GCS (the name Terraform and Google's tools use)
+    "token": ("GOOGLE_OAUTH_ACCESS_TOKEN",),
 }
 
 

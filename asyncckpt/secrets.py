@@ -18,7 +18,15 @@ from .errors import ConfigError
 
 MASK = "**********"
 #: backend option names whose values are secrets
-SECRET_OPTIONS = ("secret_access_key", "session_token", "account_key", "sas_token", "connection_string")
+SECRET_OPTIONS = (
+    "secret_access_key",
+    "session_token",
+    "account_key",
+    "sas_token",
+    "connection_string",
+    "token",  # GCS
+    "service_account_key",  # GCS
+)
 #: backend option names holding endpoint URLs (one, or a list / comma list)
 URL_OPTIONS = ("endpoint_url", "endpoints")
 

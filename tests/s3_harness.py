@@ -18,8 +18,10 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from asyncckpt.servers.azurite import AzureEndpoint
+from asyncckpt.servers.gcs_emulator import GcsEndpoint
 from asyncckpt.servers.s3endpoint import S3Endpoint
 from asyncckpt.sinks import MEMORY_STORE, Sink, SinkOptions, import_backend, make_sink
 from asyncckpt.sinks.s3 import installed
@@ -32,6 +34,7 @@ S3_IN_PROCESS = ("aiobotocore", "minio")
 S3_IN_CHILD = ("s3dlio", "s3torchconnector", "obstore")
 CHILD_ENV = "ASYNCCKPT_TEST_IN_CHILD"
 AZURE_BACKENDS = ("obstore-azure", "s3dlio-azure")  # in this process, as tests/test_azure.py
+GCS_BACKENDS = ("gcs",)  # aiohttp on the loop: in this process
 
 
 def in_child() -> bool:
@@ -54,6 +57,7 @@ class Target:
     bucket: str = ""  # or an Azure container
     options: dict[str, Any] = field(default_factory=dict)
     az: AzureEndpoint | None = None
+    gcs: GcsEndpoint | None = None
 
     def __post_init__(self) -> None:
         """Import the backend's module and client library here, in the (synchronous) fixture,
@@ -69,6 +73,8 @@ class Target:
             return f"memory://{self.tmp.name}/{name}"
         if self.az is not None:
             return f"az://{self.bucket}/{name}"
+        if self.gcs is not None:
+            return f"gs://{self.bucket}/{name}"
         return f"s3://{self.bucket}/{name}"
 
     def sink(self, name: str, chunk: int = CHUNK) -> Sink:
@@ -92,6 +98,12 @@ class Target:
         if self.az is not None:
             status, body = self.az.request("GET", f"/{self.bucket}/{name}")
             return None if status == 404 else body
+        if self.gcs is not None:
+            status, body = self.gcs.request(
+                "GET", f"/storage/v1/b/{self.bucket}/o/{quote(name, safe='')}?alt=media"
+            )
+            assert status in (200, 404), body
+            return None if status == 404 else body
         assert self.s3 is not None
         client = self.s3.client()
         try:
@@ -111,6 +123,8 @@ class Target:
             assert status == 200, body
             names = [n.decode() for n in re.findall(rb"<Name>([^<]*)</Name>", body)]
             return sorted(set(names) - set(self._committed()))
+        if self.gcs is not None:  # an unfinished resumable upload is listed nowhere (GCS has no call)
+            return []
         assert self.s3 is not None
         listing = self.s3.client().list_multipart_uploads(Bucket=self.bucket)
         return [u["Key"] for u in listing.get("Uploads", [])]
@@ -128,6 +142,11 @@ def azure_options(ep: AzureEndpoint, backend: str = "obstore-azure", **extra: ob
     """obstore takes the account key; s3dlio has no key mode: a SAS derived from it."""
     credential = {"sas_token": ep.sas()} if backend == "s3dlio-azure" else {"account_key": ep.key}
     return {"account": ep.account, **credential, "endpoint_url": ep.account_url, **extra}
+
+
+def gcs_options(ep: GcsEndpoint, **extra: object) -> dict[str, object]:
+    """The emulator named explicitly (no credential: fake-gcs-server checks none)."""
+    return {"endpoint_url": ep.url, **extra}
 
 
 def new_bucket(server: S3Endpoint) -> str:

@@ -454,7 +454,9 @@ def test_storage_is_asked_by_capability_outside_sinks() -> None:
 
 
 #: store-generic packages and the store-specific packages they must not know
-STORE_GENERIC = {"asyncckpt.sinks.objstore": ("asyncckpt.sinks.s3", "asyncckpt.sinks.azure")}
+STORE_GENERIC = {
+    "asyncckpt.sinks.objstore": ("asyncckpt.sinks.s3", "asyncckpt.sinks.azure", "asyncckpt.sinks.gcs")
+}
 
 
 def test_the_object_store_protocols_know_no_store() -> None:

@@ -251,8 +251,9 @@ def check_client_library(target: str, backend: str | None) -> None:
 
 
 def start_embedded_store(stack: contextlib.ExitStack, args: argparse.Namespace, plan: BenchPlan) -> BenchPlan:
-    """``--embedded-store``: start the emulator, then refuse a target no backend serves (``gs://``
-    has none yet; ``az://`` has obstore-azure): the emulator is never pretended to be run."""
+    """``--embedded-store``: start the emulator, then refuse a target no backend serves (``az://``
+    has obstore-azure, ``gs://`` gcs; a ``--target`` of another scheme may have none): the
+    emulator is never pretended to be run."""
     default_target = start_store_for_bench(stack, args.embedded_store)
     plan = plan if plan.target is not None else plan.with_target(default_target)
     assert plan.target is not None

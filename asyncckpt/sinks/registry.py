@@ -15,6 +15,8 @@ from .azure.config import OPTION_KEYS as AZURE_OPTION_KEYS
 from .base import Sink, SinkOptions
 from .direct import DirectFileSink
 from .file import FileSink, path_from_uri
+from .gcs import GCS_DEFAULT, GcsSink
+from .gcs import OPTION_KEYS as GCS_OPTION_KEYS
 from .memory import MemorySink, NullSink
 from .s3 import S3_BACKENDS, auto_backend, factory, make_auto, sink_class
 from .s3.config import OPTION_KEYS as S3_OPTION_KEYS
@@ -30,6 +32,7 @@ BACKENDS: dict[str, SinkFactory] = {
     "s3": make_auto,  # s3dlio when installed, else aiobotocore
     **{name: factory(name) for name in S3_BACKENDS},
     **{name: azure_factory(name) for name in AZURE_BACKENDS},
+    GCS_DEFAULT: GcsSink,  # GCS's JSON API over aiohttp, imported on first use
 }
 #: URI scheme → default backend name
 SCHEMES: dict[str, str] = {
@@ -40,13 +43,10 @@ SCHEMES: dict[str, str] = {
     "memory": "memory",
     "s3": "s3",
     "az": AZURE_DEFAULT,
+    "gs": GCS_DEFAULT,
 }
 #: schemes known to have no backend, and why (a clearer answer than "unsupported scheme")
-NO_BACKEND: dict[str, str] = {
-    "gs": "asyncckpt has no gs:// (Google Cloud Storage) backend yet (issue 28): obstore writes through "
-    "GCS's XML API, which the test emulator fake-gcs-server refuses (400 invalid uploadType), and the "
-    "s3dlio wheel is built without GCS; see docs/azure-gcs.md",
-}
+NO_BACKEND: dict[str, str] = {}
 
 
 def register_backend(name: str, factory: SinkFactory, *, scheme: str | None = None) -> None:
@@ -71,7 +71,7 @@ def check_backend(name: str) -> None:
 
 def resolve_backend(uri: str, backend: str | None = None) -> str:
     """The name of the library that will serve ``uri``: ``backend`` when it serves the URI's
-    kind of store (files, S3, Azure), else the scheme's default.
+    kind of store (files, S3, Azure, GCS), else the scheme's default.
 
     ``s3`` (the scheme's default, or asked for by name) is resolved here to the S3 library that
     is installed, so every decision taken from the name (isolation above all: s3dlio's runtime
@@ -104,6 +104,8 @@ def _kind(name: str) -> str:
         return "s3"
     if name in AZURE_BACKENDS:
         return "az"
+    if name == GCS_DEFAULT:
+        return "gs"
     return "file" if name in ("file", "direct") else name
 
 
@@ -124,13 +126,15 @@ def backend_class(name: str) -> type[Sink]:
 
 def check_backend_options(backend: str | None, options: Mapping[str, Any]) -> None:
     """``options`` checked by the backend that takes them; with no backend named (the URI, not
-    known here, will choose it) by the ``s3://`` scheme's, unless they are Azure options S3 does
-    not know (``account_key``, ...): then by the ``az://`` scheme's. The sink checks them again
+    known here, will choose it) by the ``s3://`` scheme's, unless they are Azure or GCS options S3
+    does not know (``account_key``, ``token``, ...): then by that scheme's. The sink checks them again
     against its own scheme, still before any I/O. Nothing imported but asyncckpt's modules."""
     if not options:
         return
     if backend is None and not set(options) <= S3_OPTION_KEYS and set(options) <= AZURE_OPTION_KEYS:
         backend = AZURE_DEFAULT
+    if backend is None and not set(options) <= S3_OPTION_KEYS and set(options) <= GCS_OPTION_KEYS:
+        backend = GCS_DEFAULT
     backend_class(auto_backend() if backend in (None, "s3") else backend).check_options(options)
 
 
@@ -157,6 +161,8 @@ def import_backend(name: str) -> None:
         sink_class(name).import_library()
     elif name in AZURE_BACKENDS:
         azure_sink_class(name).import_library()  # a sink module may defer its library
+    elif name == GCS_DEFAULT:
+        GcsSink.import_library()
 
 
 def make_sink(uri: str, *, backend: str | None, executor: Executor, options: SinkOptions) -> Sink:

@@ -1,0 +1,256 @@
+"""Google Cloud Storage settings: endpoint, credential (a :class:`~asyncckpt.secrets.Secret`),
+project, transport, validated once before any I/O.
+
+Precedence: ``backend_options`` > the variables of :data:`asyncckpt.env.GCS_VARIABLES` (read
+through :mod:`asyncckpt.env`) > the same variables in a ``.env`` file (backend option
+``dotenv``, as for S3 and Azure).
+
+Where requests go: ``endpoint_url``, else ``STORAGE_EMULATOR_HOST`` (the variable Google's own
+clients honour), else the ``gcs_base_url`` of an emulator's service-account JSON (obstore's
+convention, ``"disable_oauth": true``), else ``https://storage.googleapis.com``. An emulator
+gets no credential (Google's clients send none to one either).
+
+Credentials for real GCS: a bearer ``token`` (``GOOGLE_OAUTH_ACCESS_TOKEN``, e.g. from
+``gcloud auth print-access-token``). A service-account key (``GOOGLE_APPLICATION_CREDENTIALS``
+names its file, ``GOOGLE_SERVICE_ACCOUNT_KEY`` holds its JSON) must be exchanged for a token
+through OAuth, which asyncckpt does not do: it is refused before any I/O saying so
+(docs/azure-gcs.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from ... import env as env_vars
+from ...errors import ConfigError
+from ...secrets import Secret, as_secret, check_no_userinfo
+from ...units import GiB, KiB, parse_size
+
+#: every chunk of a resumable upload but the last is a multiple of this (GCS's rule)
+CHUNK_GRANULE = 256 * KiB
+MAX_OBJECT = 5 * 1024 * GiB
+DEFAULT_ENDPOINT = "https://storage.googleapis.com"
+#: 3-63 characters of a-z, 0-9, '-', '_' and '.', starting and ending with a letter or digit
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+_IP_RE = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+SECRET_FIELDS = ("token", "service_account_key")
+_ENV_KEYS = ("emulator_host", "application_credentials", "service_account_key", "project", "token")
+OPTION_KEYS = frozenset(
+    {"endpoint_url", "token", "service_account_key", "project", "ca_bundle", "dotenv"}
+    | {"part_size", "max_in_flight", "max_attempts", "connect_timeout", "request_timeout"}
+)
+
+
+def parse_gs_uri(uri: str) -> tuple[str, str]:
+    """``gs://bucket/key`` → (bucket, key), with errors that say what is wrong."""
+    parts = urlsplit(uri)
+    if parts.scheme.lower() != "gs":
+        raise ConfigError(f"not a Google Cloud Storage URI: {uri!r}; expected gs://bucket/key")
+    bucket, key = parts.netloc, parts.path.lstrip("/")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"GCS URI {uri!r} has a query or fragment; expected gs://bucket/key")
+    if (
+        not _BUCKET_RE.match(bucket)
+        or ".." in bucket
+        or _IP_RE.match(bucket)
+        or bucket.startswith("goog")
+        or "google" in bucket
+    ):
+        raise ConfigError(
+            f"invalid bucket name {bucket!r} in {uri!r}: 3-63 characters of a-z, 0-9, '-', '_' and '.', "
+            "starting and ending with a letter or digit, not an IP address, not starting with 'goog'"
+        )
+    if not key or key.endswith("/"):
+        raise ConfigError(f"GCS URI {uri!r} names no object; expected gs://{bucket}/key")
+    if len(key.encode()) > 1024 or "\r" in key or "\n" in key or key in (".", ".."):
+        raise ConfigError(f"invalid object name in {uri!r}: at most 1024 bytes, no CR or LF, not '.' or '..'")
+    return bucket, key
+
+
+def _positive(name: str, value: object, *, integer: bool) -> Any:
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError, ConfigError):
+            value = parse_size(value, name=name) if integer else float(value)
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or not 0 < value < float("inf"):  # type: ignore[operator]
+        kind = "an integer >= 1" if integer else "a number of seconds > 0"
+        raise ConfigError(f"backend option {name} must be {kind}, got {value!r}")
+    return value if integer else float(value)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GcsSettings:
+    """Everything the GCS client needs; ``repr`` shows whether a token is set, never it."""
+
+    endpoint_url: str = DEFAULT_ENDPOINT
+    emulator: bool = False  # an emulator endpoint: no credential is sent
+    token: Secret | None = field(default=None, repr=False)
+    project: str | None = None
+    ca_bundle: str | None = None
+    part_size: int | None = None
+    max_in_flight: int = 1  # a resumable upload takes its chunks one after the other
+    max_attempts: int = 3
+    connect_timeout: float = 5.0
+    request_timeout: float = 30.0
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"GcsSettings(endpoint_url={self.endpoint_url!r}, emulator={self.emulator}, "
+            f"token={self.token or 'unset'}, project={self.project!r}, part_size={self.part_size!r})"
+        )
+
+    __str__ = __repr__
+
+    def describe(self) -> dict[str, Any]:
+        """Non-secret facts for the run metadata."""
+        return {
+            "endpoint_url": self.endpoint_url,
+            "credential": "none (emulator)" if self.emulator else "bearer token" if self.token else "none",
+            "project": self.project,
+            "request_timeout_s": self.request_timeout,
+            "settings_from": dict(self.sources),
+        }
+
+    @classmethod
+    def resolve(
+        cls, options: Mapping[str, Any], env: Mapping[str, str] | None = None, cwd: Path | None = None
+    ) -> GcsSettings:
+        """Merge ``options`` > ``env`` (default os.environ) > ``.env``; validate."""
+        unknown = sorted(set(options) - OPTION_KEYS)
+        if unknown:
+            known = ", ".join(sorted(OPTION_KEYS))
+            raise ConfigError(f"unknown GCS backend option(s) {', '.join(unknown)}; known: {known}")
+        dotenv = env_vars.dotenv(options.get("dotenv", True), cwd)
+        raw, sources = _raw_values({k: v for k, v in options.items() if k != "dotenv"}, env, dotenv)
+        values: dict[str, Any] = {}
+        token = as_secret("token", raw.get("token"))
+        key = _service_account_key(raw, sources)
+        base_url = _emulator_base_url(key)
+        endpoint = raw.get("endpoint_url") or raw.get("emulator_host") or base_url
+        if endpoint:
+            where = (
+                sources.get("endpoint_url") or sources.get("emulator_host") or sources["service_account_key"]
+            )
+            values["endpoint_url"] = _check_endpoint(str(endpoint), where)
+            sources["endpoint_url"] = where
+        emulator = bool(endpoint and not raw.get("endpoint_url") and (raw.get("emulator_host") or base_url))
+        if not emulator and token is None:
+            if key is not None:
+                raise ConfigError(
+                    f"a GCS service-account key ({sources['service_account_key']}) needs an OAuth exchange "
+                    "for a bearer token, which asyncckpt does not do; give backend option token (or "
+                    "GOOGLE_OAUTH_ACCESS_TOKEN, e.g. from gcloud auth print-access-token), or point "
+                    "STORAGE_EMULATOR_HOST at an emulator"
+                )
+            if not endpoint:
+                raise ConfigError(
+                    "no GCS credential: set GOOGLE_OAUTH_ACCESS_TOKEN (or backend option token) for "
+                    "storage.googleapis.com, or STORAGE_EMULATOR_HOST for an emulator"
+                )
+        values["emulator"] = emulator
+        if token is not None and not emulator:
+            values["token"] = token
+        if raw.get("project") is not None:
+            values["project"] = str(raw["project"])
+        if raw.get("ca_bundle") is not None:
+            values["ca_bundle"] = str(raw["ca_bundle"])
+        if options.get("part_size") is not None:
+            values["part_size"] = _positive("part_size", options["part_size"], integer=True)
+            check_chunk_granule(values["part_size"], "part_size")
+        for name in ("max_in_flight", "max_attempts"):
+            if options.get(name) is not None:
+                values[name] = _positive(name, options[name], integer=True)
+        for name in ("connect_timeout", "request_timeout"):
+            if options.get(name) is not None:
+                values[name] = _positive(name, options[name], integer=False)
+        return cls(**values, sources=sources)
+
+
+def _raw_values(
+    options: Mapping[str, Any], env: Mapping[str, str] | None, dotenv: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each setting's value and where it came from, before validation (secrets still raw)."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key, value in options.items():
+        if value is not None and key not in ("part_size", "max_in_flight", "max_attempts"):
+            values[key], sources[key] = value, "backend_options"
+    for origin, mapping in (("environment", env), (".env", dotenv)):
+        for key in _ENV_KEYS:
+            hit = env_vars.gcs_variable(key, mapping if origin == ".env" else env)
+            if hit is not None and key not in values:
+                values[key], sources[key] = hit[1], f"{origin} {hit[0]}"
+    return values, sources
+
+
+def _service_account_key(raw: dict[str, Any], sources: dict[str, str]) -> dict[str, Any] | None:
+    """The service-account JSON (given, or read from GOOGLE_APPLICATION_CREDENTIALS' file);
+    errors name where it came from, never its contents."""
+    given = raw.get("service_account_key")
+    if given is None and raw.get("application_credentials") is not None:
+        path = Path(str(raw["application_credentials"]))
+        where = sources["application_credentials"]
+        try:
+            given = Secret(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"GCS credentials file {str(path)!r} ({where}): {exc.strerror}") from None
+        sources["service_account_key"] = f"{where} (the file {str(path)!r})"
+    if given is None:
+        return None
+    secret = as_secret("service_account_key", given)
+    assert secret is not None
+    try:
+        info = json.loads(secret.reveal())
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        raise ConfigError(
+            f"the GCS service-account key ({sources['service_account_key']}) is not a JSON object"
+        )
+    return info
+
+
+def _emulator_base_url(key: Mapping[str, Any] | None) -> str | None:
+    """An emulator's JSON (``gcs_base_url`` with ``disable_oauth``) names where it listens."""
+    if key is not None and key.get("disable_oauth") is True and isinstance(key.get("gcs_base_url"), str):
+        return str(key["gcs_base_url"])
+    return None
+
+
+def _check_endpoint(url: str, where: str) -> str:
+    if "://" not in url:  # STORAGE_EMULATOR_HOST may be host:port
+        url = f"http://{url}"
+    check_no_userinfo(url, f"GCS endpoint (from {where})")
+    ep = urlsplit(url)
+    if ep.scheme not in ("http", "https") or not ep.netloc or ep.path.strip("/") or ep.query:
+        raise ConfigError(f"GCS endpoint {url!r} ({where}) must look like http(s)://host[:port]")
+    return url.rstrip("/")
+
+
+def check_chunk_granule(size: int, name: str) -> None:
+    if size % CHUNK_GRANULE:
+        raise ConfigError(
+            f"{name} {size} B is not a multiple of 256 KiB, which every chunk of a GCS resumable upload "
+            f"but the last must be; use e.g. {max(1, size // CHUNK_GRANULE) * CHUNK_GRANULE} B"
+        )
+
+
+def plan_chunks(size: int, part_size: int, chunk_size: int | None) -> int:
+    """Validate the upload's chunk layout for an object of ``size``; return the chunk count."""
+    check_chunk_granule(part_size, "part_size" if chunk_size != part_size else "chunk_size")
+    if size > MAX_OBJECT:
+        raise ConfigError(f"{size} B exceeds GCS's object maximum of 5 TiB")
+    if chunk_size is not None and chunk_size % part_size:
+        raise ConfigError(
+            f"chunk_size {chunk_size} B is not a multiple of part_size {part_size} B; each buffer must "
+            "hold whole upload chunks: set part_size to chunk_size (the default) or to a divisor of it"
+        )
+    return -(-size // part_size)
