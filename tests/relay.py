@@ -4,7 +4,10 @@
 half the body of a request, then closes both connections (a reset mid-part); ``busy`` reads
 the request whole and answers ``503 SlowDown`` itself; ``deny`` answers ``403 AccessDenied``.
 ``short`` relays the request but cuts its response after 1 MiB; ``hold`` never forwards it
-(the client waits: a crash test kills it then, through ``on_spoil``); ``pass`` spoils nothing.
+(the client waits: a crash test kills it then, through ``on_spoil``); ``flip`` relays it with
+the last byte of its body inverted (corruption on the way); ``stall`` never forwards it and
+keeps the connection open without an answer until the relay stops (a store that stopped
+answering); ``pass`` spoils nothing.
 Every matching request's body relay is counted, so ``peak`` is the most matching requests the
 server was receiving at once (how many parts a client really keeps in flight).
 """
@@ -71,6 +74,7 @@ class FaultyFront:
         # speeds: on a loaded machine a part was often relayed whole before the next was made
         self.wait_for_second_s = wait_for_second_s
         self._second = asyncio.Event()
+        self._stopped = asyncio.Event()  # ``stall`` holds its requests until then
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> str:
@@ -78,6 +82,7 @@ class FaultyFront:
         return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def stop(self) -> None:
+        self._stopped.set()
         self.server.close()
         await self.server.wait_closed()
         for task in list(self._tasks):
@@ -108,7 +113,7 @@ class FaultyFront:
                 head = await reader.readuntil(b"\r\n\r\n")
                 text = head.decode("latin-1")
                 line, low = text.split("\r\n", 1)[0], text.lower()
-                length = int(m.group(1)) if (m := re.search(r"content-length:\s*(\d+)", low)) else 0
+                length = int(m.group(1)) if (m := re.search(r"(?:^|\r\n)content-length:\s*(\d+)", low)) else 0
                 if self.match(line):
                     self.matched.append(line)
                     self.heads.append(text)
@@ -119,6 +124,11 @@ class FaultyFront:
                             self.on_spoil()
                         if self.mode == "short":  # relayed, but its response stops after 1 MiB
                             sent[1] = sent[0] + (1 << 20)
+                        elif self.mode == "flip":  # relayed with its body's last byte inverted
+                            up_w.write(head)
+                            await self._relay(reader, up_w, length - 1)
+                            up_w.write(bytes([(await reader.readexactly(1))[0] ^ 0xFF]) if length else b"")
+                            continue
                         else:
                             await self._spoil(head, low, length, reader, writer, up_w)
                             return
@@ -170,6 +180,9 @@ class FaultyFront:
         up_w: asyncio.StreamWriter,
     ) -> None:
         if self.mode == "hold":  # the server never sees it
+            return
+        if self.mode == "stall":  # nor does the client get an answer, or a closed connection
+            await self._stopped.wait()
             return
         if self.mode == "cut":  # moto sees half a request; the client a reset mid-body
             up_w.write(head)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 
 from ..results.text import format_table
-from ..sinks.leftovers import Leftover, find, remove
+from ..sinks.leftovers import Leftover, find, remove, unlisted_note
 from ..units import parse_duration
 from .parsing import Parser
 
 CLEANUP = (
     "List and remove what dead saves left: temporary files in a directory, pending multipart uploads "
     "under an s3:// prefix (credentials and endpoint from AWS_* variables). Without --older-than only "
-    "temporaries of dead processes on this host are removed."
+    "temporaries of dead processes on this host are removed. az:// and gs:// prefixes have nothing to list: "
+    "the store discards unfinished uploads itself."
 )
 
 
@@ -46,6 +47,9 @@ def _action(x: Leftover, gone: set[str], dry_run: bool) -> str:
 
 async def _run(target: str, older_than: float | None, dry_run: bool) -> int:
     found = await find(target, older_than)
+    note = unlisted_note(target)
+    if note is not None:
+        print(note)
     removed = [] if dry_run else await remove(found, target)
     gone = {x.where for x in removed}
     rows = [(x.kind, x.where, _age(x.age_s), x.owner, f"{_action(x, gone, dry_run)}: {x.why}") for x in found]

@@ -1,4 +1,6 @@
-"""Leftovers of dead saves: temporary files and pending S3 multipart uploads, found and removed.
+"""Leftovers of dead saves: temporary files and pending S3 multipart uploads, found and removed
+(Azure's uncommitted blocks and GCS's unfinished upload sessions are listed by no call: the
+store discards them itself).
 
 A save that is killed leaves its temporary file (or, on S3, its upload) behind, and an
 overwrite killed between linking the replaced file aside and unlinking that name leaves the
@@ -22,7 +24,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..owner import LEGACY_TEMP, parse_temp
-from . import path_from_uri, resolve_backend, scheme_of
+from . import backend_class, path_from_uri, resolve_backend, scheme_of
 from .base import SinkOptions
 from .s3 import sink_class
 
@@ -111,20 +113,34 @@ def _listing_sink(uri: str, options: dict[str, Any]) -> Any:
     return sink
 
 
+#: stores whose unfinished uploads no call lists or needs to remove (the store discards them)
+UNLISTED = ("az", "gs")
+
+
+def unlisted_note(uri: str) -> str | None:
+    """Why ``uri``'s store has nothing for cleanup to list (None: it has a listing)."""
+    if scheme_of(uri) not in UNLISTED:
+        return None
+    hint = getattr(backend_class(resolve_backend(uri)), "leftover_hint", "")
+    return f"nothing to list under {uri}: {hint}"
+
+
 async def find(
     uri: str, older_than: float | None = None, options: dict[str, Any] | None = None
 ) -> list[Leftover]:
     """The leftovers at ``uri``: a directory or file path, or an ``s3://bucket/prefix``. An
-    ``az://`` prefix has none a client can see or needs to remove: the blocks of a save that never
-    committed are listed only with ``include=uncommittedblobs``, removable only by committing a
-    block list over that name (a checkpoint there would go), and Azure discards them by itself
-    after about 7 days."""
-    if scheme_of(uri) == "az":
+    ``az://`` or ``gs://`` prefix has none a client can see or needs to remove
+    (:func:`unlisted_note`). Azure: the blocks of a save that never committed are listed only
+    with ``include=uncommittedblobs``, removable only by committing a block list over that name
+    (a checkpoint there would go), and Azure discards them by itself after about 7 days. GCS: a
+    resumable upload session that was not cancelled is listed by no call and expires after a
+    week; its bytes are never visible."""
+    if scheme_of(uri) in UNLISTED:
         return []
     if scheme_of(uri) == "s3":
         return await s3_leftovers(uri, older_than, options or {})
     if scheme_of(uri) not in ("", "file", "direct"):
-        raise ConfigError(f"cleanup works on files, s3:// and az:// prefixes, not {uri!r}")
+        raise ConfigError(f"cleanup works on files, s3://, az:// and gs:// prefixes, not {uri!r}")
     return await asyncio.to_thread(file_leftovers, uri, older_than)
 
 
