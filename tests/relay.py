@@ -114,7 +114,8 @@ class FaultyFront:
                 text = head.decode("latin-1")
                 line, low = text.split("\r\n", 1)[0], text.lower()
                 length = int(m.group(1)) if (m := re.search(r"(?:^|\r\n)content-length:\s*(\d+)", low)) else 0
-                if self.match(line):
+                hit = self.match(line)  # once per request: a matcher may count
+                if hit:
                     self.matched.append(line)
                     self.heads.append(text)
                     if self.left > 0:
@@ -133,7 +134,7 @@ class FaultyFront:
                             await self._spoil(head, low, length, reader, writer, up_w)
                             return
                 up_w.write(head)
-                counted = self.match(line)
+                counted = hit
                 self.active += counted
                 self.peak = max(self.peak, self.active)
                 if counted and self.wait_for_second_s > 0:
