@@ -6,7 +6,10 @@ the client takes it) and gets it back whole, then deletes it; the rows alternate
 ``--repeat`` rounds (the order rotates per round). Only clients that work with the emulator
 are measured (docs/azure-gcs.md): on fake-gcs-server obstore cannot write, so the object it
 reads is uploaded through the JSON API, and the JSON API (standard library, resumable upload
-of ``--part-size`` chunks, one at a time) is measured as the writer a backend could use.
+of ``--part-size`` chunks, one at a time) is measured as the writer a backend could use. The
+row ``asyncckpt gcs`` is asyncckpt's ``gs://`` backend itself (its sink, made as a checkpointer
+makes it: open, ``write_part`` per part, ``complete``; one ``read_into`` of the whole object),
+beside that same protocol spoken directly.
 Client and emulator share this machine's cores, and the emulators are slow by design:
 compare rows of one run, never absolutes across machines.
 
@@ -16,11 +19,13 @@ compare rows of one run, never absolutes across machines.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.client
 import json
 import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +39,7 @@ from obstore.store import AzureStore, GCSStore
 from asyncckpt.env import exported
 from asyncckpt.servers.azurite import AzureEndpoint, AzuriteServer
 from asyncckpt.servers.gcs_emulator import GcsEmulator, GcsEndpoint
+from asyncckpt.sinks import Sink, SinkOptions, make_sink
 from asyncckpt.units import parse_size
 
 HTTP = {"allow_http": True}
@@ -142,6 +148,44 @@ def gcs_rows(ep: GcsEndpoint, bucket: str, part: int) -> list[Row]:
     ]
 
 
+def asyncckpt_gcs_row(ep: GcsEndpoint, bucket: str, part: int, executor: ThreadPoolExecutor) -> Row:
+    """asyncckpt's gs:// backend: its sink on a fresh event loop per call (as a checkpointer
+    would run it, minus the pipeline: no data generation, no sealing)."""
+    options = SinkOptions(chunk_size=part, extra={"endpoint_url": ep.url})
+
+    def sink(key: str) -> Sink:
+        return make_sink(f"gs://{bucket}/{key}", backend="gcs", executor=executor, options=options)
+
+    async def put(key: str, data: bytes) -> None:
+        s, view = sink(key), memoryview(data)
+        await s.open(len(data))
+        for off in range(0, len(data), part):
+            await s.write_part(off, view[off : off + part])
+        await s.complete()
+        await s.aclose()
+
+    async def get(key: str) -> int:
+        s = sink(key)
+        buf = bytearray(await s.size())
+        n = await s.read_into(0, memoryview(buf))
+        await s.aclose()
+        return n
+
+    async def delete(key: str) -> None:
+        s = sink(key)
+        await s.delete()
+        await s.aclose()
+
+    return Row(
+        "gcs",
+        "asyncckpt gcs",
+        lambda key, data: asyncio.run(put(key, data)),
+        lambda key: asyncio.run(get(key)),
+        lambda key: asyncio.run(delete(key)),
+        f"backend gcs (aiohttp): resumable upload, {part}-byte chunks, CRC32C compared; one ranged read",
+    )
+
+
 def timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
@@ -165,7 +209,9 @@ def main() -> None:
         gcs = stack.enter_context(GcsEmulator())
         stack.enter_context(exported(az.env()))
         rows = azure_rows(az, az.create_container("bench"), part, args.in_flight)
-        rows += gcs_rows(gcs, gcs.create_bucket("bench"), part)
+        gcs_bucket = gcs.create_bucket("bench")
+        rows += gcs_rows(gcs, gcs_bucket, part)
+        rows.append(asyncckpt_gcs_row(gcs, gcs_bucket, part, stack.enter_context(ThreadPoolExecutor(4))))
         for r in range(args.repeat):
             for row in rows[r % len(rows) :] + rows[: r % len(rows)]:  # alternate, rotating order
                 key = f"obj-{r}"

@@ -32,6 +32,8 @@ def test_small_run_reports_every_working_client() -> None:
         ("gcs", "json-api (stdlib)", "put"),
         ("gcs", "json-api (stdlib)", "get"),
         ("gcs", "obstore (get only)", "get"),  # obstore cannot put to fake-gcs-server
+        ("gcs", "asyncckpt gcs", "put"),  # the gs:// backend itself
+        ("gcs", "asyncckpt gcs", "get"),
     }
     assert all(r["runs"] == 2 and all(v > 0 for v in r["samples"]) for r in rows.values())
     assert doc["size"] == 8 << 20 and ACCOUNT_KEY.reveal() not in done.stdout + done.stderr

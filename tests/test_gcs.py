@@ -451,6 +451,17 @@ def test_gs_is_asked_by_capability() -> None:
     assert cls.backend == "gcs" and not cls.needs_isolation and cls.can_list and cls.keeps_data
 
 
+async def test_a_writer_process_when_asked(gcs_endpoint: GcsEndpoint, gcs_bucket: str) -> None:
+    """aiohttp needs no writer process (no runtime of its own, nothing a fork breaks), but
+    ``isolation="process"`` runs the sink in one like any other."""
+    uri = f"gs://{gcs_bucket}/iso.bin"
+    async with checkpointer(gcs_endpoint, isolation="process") as ckpt:
+        saved = await ckpt.save(uri, 3 * PART + 5)
+        loaded = await ckpt.load(uri)
+    assert saved.metadata.extra["isolation"] == "process" and saved.metadata.extra["parts"] == 4
+    assert loaded.size_bytes == 3 * PART + 5
+
+
 def test_bench_on_a_gs_target_with_the_emulator_variables(gcs_endpoint: GcsEndpoint, gcs_bucket: str) -> None:
     done = subprocess.run(
         [
