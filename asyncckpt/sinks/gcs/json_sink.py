@@ -381,6 +381,8 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
         async with client.get(self._url(self._object_url(media=True)), headers=headers) as r:
             if r.status not in (200, 206):
                 raise read_error(r.status, await r.read())
+            if r.status == 200 and offset:  # the whole object, not the range: never misplace bytes
+                raise GcsHttpError(200, "", f"the store ignored Range bytes={offset}-")
             n = 0
             async for piece in r.content.iter_chunked(1 << 20):
                 take = min(len(piece), len(buf) - n)
