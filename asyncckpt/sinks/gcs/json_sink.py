@@ -103,6 +103,11 @@ def crc32c_b64(value: int) -> str:
     return base64.b64encode(value.to_bytes(4, "big")).decode()
 
 
+def _crc_and_copy(piece: memoryview | bytes, running: int, copy: bool) -> tuple[int, bytes | None]:
+    """The running CRC32C extended by ``piece``, and ``piece`` copied when asked (blocking)."""
+    return crc(piece, running), bytes(piece) if copy else None
+
+
 def _backoff(attempt: int) -> float:
     step = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2.0 ** (attempt - 1))
     return step / 2 + random.uniform(0, step / 2)
@@ -282,9 +287,11 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
                 )
             for number, piece in self.parts_of(offset, data):
                 at = (number - 1) * self.part_size
-                self._crc = await run_blocking(self.executor, crc, piece, self._crc)
-                if at + len(piece) == self._size:
-                    self._final = bytes(piece)  # sent by complete(): nothing visible before
+                final = at + len(piece) == self._size
+                # off the loop: a CRC32C of a part, and the final part's copy (up to a chunk)
+                self._crc, kept = await run_blocking(self.executor, _crc_and_copy, piece, self._crc, final)
+                if final:
+                    self._final = kept  # sent by complete(): nothing visible before
                 else:
                     await self.guarded(f"write at offset {at} of", self._put_chunk, at, piece)
         except BaseException:
@@ -357,7 +364,7 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
 
     # -- whole objects -----------------------------------------------------------------------
     async def _put(self, data: bytes) -> str | None:
-        self._crc = crc(data)
+        self._crc = (await run_blocking(self.executor, _crc_and_copy, data, 0, False))[0]
         url = (
             f"{self.settings.endpoint_url}/upload/storage/v1/b/{self.bucket}/o"
             f"?uploadType=media&name={quote(self.key, safe='')}"
