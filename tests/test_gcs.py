@@ -143,6 +143,34 @@ async def test_nothing_visible_before_the_final_chunk_and_abort_cancels_the_sess
     assert len(front.matched) == 1, front.matched  # the session was cancelled (DELETE, 499)
 
 
+async def test_a_cancelled_save_cancels_the_session(gcs_endpoint: GcsEndpoint, gcs_bucket: str) -> None:
+    """The save's task cancelled while its second chunk is on the way (held by a relay): the
+    session is DELETEd (seen by a second relay in front) and nothing appears."""
+    ep = gcs_endpoint
+    held = asyncio.Event()
+    chunks = [0]
+
+    def second_chunk(line: str) -> bool:
+        chunks[0] += is_chunk(line)
+        return is_chunk(line) and chunks[0] == 2
+
+    inner = FaultyFront(ep.url, "stall", second_chunk, times=1, on_spoil=held.set)
+    outer = FaultyFront(await inner.start(), "pass", is_session_delete, times=0)
+    relay = await outer.start()
+    try:
+        async with checkpointer(relay) as ckpt:
+            save = asyncio.ensure_future(ckpt.save(f"gs://{gcs_bucket}/c.bin", 4 * PART))
+            await held.wait()
+            save.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await save
+    finally:
+        await outer.stop()
+        await inner.stop()
+    assert len(outer.matched) == 1, outer.matched
+    assert await asyncio.to_thread(objects, ep, gcs_bucket) == []
+
+
 async def test_a_failed_save_over_a_checkpoint_leaves_it_and_nothing_for_cleanup(
     gcs_endpoint: GcsEndpoint, gcs_bucket: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -257,7 +285,14 @@ def answering() -> Iterator[http.server.ThreadingHTTPServer]:
     server.server_close()
 
 
-ERROR_CASES = ["missing bucket", "missing object", "closed port", "wrong credential", "503"]
+ERROR_CASES = [
+    "missing bucket",
+    "missing bucket (save)",
+    "missing object",
+    "closed port",
+    "wrong credential",
+    "503",
+]
 
 
 @pytest.mark.parametrize("case", ERROR_CASES)
@@ -271,7 +306,7 @@ async def test_error_table(
     uri = f"gs://{gcs_bucket}/absent.bin"
     expected: type[StorageError] = TargetNotFoundError
     url = f"http://127.0.0.1:{answering.server_port}"
-    if case == "missing bucket":
+    if case.startswith("missing bucket"):
         uri = "gs://no-such-bucket/x.bin"
     elif case == "closed port":
         opts["endpoint_url"], expected = f"http://127.0.0.1:{free_port()}", StorageError
@@ -283,11 +318,16 @@ async def test_error_table(
         expected = StorageError
     async with AsyncCheckpointer(chunk_size=PART, backend_options=opts) as ckpt:
         with pytest.raises(expected) as info:
-            await (ckpt.save(uri, 1000) if case == "wrong credential" else ckpt.load(uri))
+            if case == "wrong credential":
+                await ckpt.save(uri, 1000)
+            elif case == "missing bucket (save)":
+                await ckpt.save(uri, 2 * PART + 1)  # the resumable upload's start
+            else:
+                await ckpt.load(uri)
     text = str(info.value)
     assert "gcs" in text and token not in text and "\n" not in text, text
     assert "endpoint http://127.0.0.1:" in text  # where the requests went
-    if case == "missing bucket":
+    if case.startswith("missing bucket"):
         assert "no-such-bucket" in text
     if case == "closed port":
         assert "cannot reach the endpoint" in text and not isinstance(info.value, TargetNotFoundError)
