@@ -1,0 +1,60 @@
+"""Sharded steps on real ``torchrun`` ranks (gloo, CPU; ``tests/shard_child.py``): boxes that
+overlap are refused at commit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncckpt.errors import ConfigError
+from asyncckpt.state.index import build
+from asyncckpt.steps import COMMIT
+
+from .launch import torchrun
+
+
+def ok(proc: Any) -> None:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_overlapping_boxes_of_two_ranks_are_refused_and_the_step_not_committed(tmp_path: Path) -> None:
+    """Before: the boxes [0, 2) and [1, 3) of a 4-element tensor hold 4 elements together,
+    which was all the index checked: the step committed, element 1 saved twice and element 3
+    never."""
+    ok(torchrun("tests.shard_child", "overlap", str(tmp_path), nproc=2, timeout=120))
+    for rank in (0, 1):
+        text = (tmp_path / f"result-{rank}.txt").read_text()
+        assert text.startswith(
+            "ConfigError: sharded tensor 'x' F64[4]: rank 0's box (offsets [0], shape [2])"
+        ), text
+        assert "rank 1's (offsets [1], shape [2]) overlap" in text, text
+    assert not (tmp_path / "run" / "step-1" / COMMIT).exists()
+
+
+def layout(name: str, offsets: list[int], shape: list[int]) -> list[dict[str, Any]]:
+    return [{"name": name, "dtype": "F32", "shape": shape, "global_shape": [4, 6], "offsets": offsets,
+             "start": 0, "end": 4}]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("boxes", "refused"),
+    [
+        ([([0, 0], [2, 6]), ([2, 0], [2, 6])], False),  # rows
+        ([([0, 0], [4, 3]), ([0, 3], [4, 3])], False),  # columns
+        ([([0, 0], [2, 3]), ([0, 3], [2, 3]), ([2, 0], [2, 6]), ([0, 0], [2, 3])], False),  # a replica
+        ([([0, 0], [3, 3]), ([2, 3], [2, 3]), ([0, 3], [2, 3]), ([3, 0], [1, 3])], False),
+        ([([0, 0], [3, 4]), ([1, 2], [3, 4])], True),
+        ([([0, 0], [2, 6]), ([1, 0], [1, 6]), ([3, 0], [1, 6])], True),  # sums to 24 with a hole
+    ],
+)
+def test_the_index_tells_tiles_from_overlaps(boxes: list[tuple[list[int], list[int]]], refused: bool) -> None:
+    layouts = [layout("w", o, s) for o, s in boxes]
+    objects = [f"rank-{r}" for r in range(len(boxes))]
+    if refused:
+        with pytest.raises(ConfigError, match="overlap"):
+            build(objects, layouts)
+    else:
+        assert len(json.dumps(build(objects, layouts))) > 0
