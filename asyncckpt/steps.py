@@ -496,25 +496,37 @@ async def load_step(
             "missing (the save did not finish on every rank); load an earlier step"
         )
     base = step_uri(base_root, step)
+    same = record.world_size == coll.world_size
     # in a thread: walking a state of 10 000 leaves is the loop's time else
     wanted = into is not None and await run_blocking(ckpt.runtime.executor(), _boxes_wanted, into)
-    if record.world_size != coll.world_size or wanted:
-        if record.index is None:
-            raise ConfigError(
-                f"step {step} was saved by {record.world_size} ranks without a step index (asyncckpt "
-                f"before 0.x); this job has {coll.world_size}: load it on {record.world_size} ranks"
-            )
+    if not same and record.index is None:
+        raise ConfigError(
+            f"step {step} was saved by {record.world_size} ranks without a step index (asyncckpt "
+            f"before 0.x); this job has {coll.world_size}: load it on {record.world_size} ranks"
+        )
+    uri = f"{base}/{record.objects[coll.rank]}" if same else ""
+    if same:  # this rank's object is the one committed, before the index or a byte is used
+        await _check_named(ckpt, uri, record.sizes[coll.rank])
+    index: step_index.StepIndex | None = None
+    if record.index is not None and (not same or into is not None):
         where = f"{base}/{record.index}"
         expected = (record.checksums or {}).get(record.index)
         index = await run_blocking(
             ckpt.runtime.executor(), step_index.parse, await _index_record(ckpt, where, expected), where
         )
+    # by boxes: on another world size; for DTensor/Shard destinations; and for whole arrays of
+    # a sharded tensor (this rank's object holds only its box of it)
+    if index is not None and (not same or wanted or index.tensors):
         state, reads = await reshard.load(
-            ckpt.runtime, ckpt.storage, base, index, into=into, as_torch=as_torch, keys=keys, prefix=prefix
-        )
+            ckpt.runtime, ckpt.storage, base, index, into=into, as_torch=as_torch, keys=keys,
+            prefix=prefix, own=coll.rank if same else 0,
+        )  # fmt: skip
         return StepLoad(step=step, state=state, result=None, reads=reads)
-    uri = f"{base}/{record.objects[coll.rank]}"
-    await _check_named(ckpt, uri, record.sizes[coll.rank])
+    if wanted:
+        raise ConfigError(
+            f"step {step} was saved without a step index (asyncckpt before 0.x): into= cannot hold "
+            "DTensors or Shards for it; load it without into="
+        )
     loaded = await ckpt.load_state(uri, into=into, as_torch=as_torch, keys=keys, prefix=prefix)
     return StepLoad(step=step, state=loaded.state, result=loaded)
 

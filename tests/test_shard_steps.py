@@ -58,3 +58,21 @@ def test_the_index_tells_tiles_from_overlaps(boxes: list[tuple[list[int], list[i
             build(objects, layouts)
     else:
         assert len(json.dumps(build(objects, layouts))) > 0
+
+
+def test_a_sharded_step_restored_on_the_ranks_that_saved_it(tmp_path: Path) -> None:
+    """Before: into= DTensors gave rank 1 rank 0's plain tensor and values (``p``, ``rank``);
+    into= whole tensors was a ConfigError (``c`` is I64[5], the object's box I64[0]);
+    ``load_state`` into DTensors failed with torch's ``.numpy() is not supported for tensor
+    subclasses``, and a Shard of the other rank's box was filled with this rank's values."""
+    ok(torchrun("tests.shard_child", "restore", str(tmp_path), nproc=2, timeout=120))
+    for rank in (0, 1):
+        facts = json.loads((tmp_path / f"result-{rank}.json").read_text())
+        assert facts["dtensor"] == {"p": [rank, rank], "rank": rank, "state_rank": rank}
+        assert facts["whole"] == {"p": [rank, rank], "rank": rank}
+        assert f"holds 'n' at offsets [{2 * rank}], shape [2] of [4]" in facts["other_box"]
+        assert "is the box at offsets [" in facts["other_box"]
+    assert json.loads((tmp_path / "result-0.json").read_text())["load_state"] == "ok"
+    told = json.loads((tmp_path / "result-1.json").read_text())["load_state"]
+    assert "state['c'] is the box at offsets [0], shape [5] of a [5] tensor" in told, told
+    assert "holds 'c' at offsets [0], shape [0] of [5]: load the step with load_step" in told

@@ -41,7 +41,7 @@ from . import select
 from .arrays import Destination, SaveTensor, allocate, bind, prepare
 from .flatten import Leaf, flatten, path_text, unflatten
 from .results import StagedSave, StateLoadResult, StateSaveResult
-from .shard import K_SHARDS, Shard, decode_boxes, encode_boxes
+from .shard import K_SHARDS, Box, Shard, decode_boxes, dest_box, encode_boxes, is_dtensor
 from .staging import StagingArea, copy_bytes, copy_shared, share_copies
 
 log = logging.getLogger("asyncckpt")
@@ -434,7 +434,7 @@ def _finish_load(
     _complete_all([d for d in dests if d.finish is not None])
     arrays = {d.entry.name: d.result for d in dests}
     for name, (global_shape, offsets) in decode_boxes(meta, uri).items():
-        if name in arrays:  # a sharded leaf comes back as the box it was saved as
+        if name in arrays and not is_dtensor(arrays[name]):  # a box comes back as it was saved
             arrays[name] = Shard(global_shape, offsets, arrays[name])
     return arrays if tree is None else _rebuild(tree, arrays, into)
 
@@ -511,7 +511,7 @@ def _prepare_load(
         if chosen is not None:
             tree = select.prune(tree, chosen)
     entries = [e for e in header.tensors if chosen is None or e.name in chosen]
-    dests = _destinations(entries, into, as_torch)
+    dests = _destinations(entries, into, as_torch, decode_boxes(header.metadata, uri), uri)
     known = Known(
         manifest=manifest or chunks.manifest_of(uri, header.size, chunk, ()),
         size=header.size,
@@ -533,7 +533,11 @@ def _spans(
 
 
 def _destinations(
-    entries: Sequence[TensorEntry], into: Mapping[Any, Any] | None, as_torch: bool
+    entries: Sequence[TensorEntry],
+    into: Mapping[Any, Any] | None,
+    as_torch: bool,
+    boxes: Mapping[str, Box],
+    uri: str,
 ) -> list[Destination]:
     if into is None:
         ml = dtypes.optional_module("ml_dtypes")
@@ -547,12 +551,29 @@ def _destinations(
     missing = [e.name for e in entries if e.name not in by_name]
     if missing:
         raise ConfigError(f"into lacks the checkpoint's tensor(s) {missing[:5]}")
-    return [bind(e, _local(by_name[e.name].value), path_text(by_name[e.name].path)) for e in entries]
+    return [_bind(e, by_name[e.name], boxes.get(e.name), uri) for e in entries]
 
 
-def _local(value: Any) -> Any:
-    """The array an ``into=`` leaf is filled through (a Shard's own data)."""
-    return value.data if isinstance(value, Shard) else value
+def _bind(e: TensorEntry, leaf: Leaf, saved: Box | None, uri: str) -> Destination:
+    """``into=``'s leaf as the destination of ``e``; a DTensor or Shard must stand for the box
+    the object holds (ConfigError naming both, before any tensor byte is read)."""
+    where = path_text(leaf.path)
+    box = dest_box(leaf.value)
+    if box is None:
+        return bind(e, leaf.value, where)
+    global_shape, offsets = saved if saved is not None else (e.shape, (0,) * len(e.shape))
+    mine = (tuple(box.global_shape), tuple(box.offsets), box.shape)
+    if mine != (tuple(global_shape), tuple(offsets), tuple(e.shape)):
+        raise ConfigError(
+            f"into: {where} is the box at offsets {list(box.offsets)}, shape {list(box.shape)} of a "
+            f"{list(box.global_shape)} tensor; {uri!r} holds {e.name!r} at offsets {list(offsets)}, "
+            f"shape {list(e.shape)} of {list(global_shape)}: load the step with load_step, which "
+            "reads each rank's box from the objects that hold it"
+        )
+    d = bind(e, box.data, where)
+    if is_dtensor(leaf.value):  # handed back as the caller's DTensor, filled
+        d.result = leaf.value
+    return d
 
 
 class _Scatter:

@@ -21,7 +21,6 @@ import asyncio
 import bisect
 import contextlib
 import math
-import sys
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
@@ -45,7 +44,7 @@ from .api import restore_values
 from .arrays import allocate, byte_array
 from .flatten import flatten, is_torch_tensor, path_text, unflatten
 from .index import Box, StepIndex, Tensor
-from .shard import Shard, is_dtensor
+from .shard import dest_box
 
 _KINDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 #: the least a thread is given of one read's copy-out: a hop costs 0.2-1.5 ms on the reference
@@ -109,15 +108,9 @@ def _kind(itemsize: int) -> Any:
 def _dest_of(t: Tensor, value: Any, where: str) -> tuple[tuple[int, ...], tuple[int, ...], Any, Any]:
     """(offsets, shape, local array or tensor, result) of an ``into=`` leaf; ConfigError on a
     global shape or dtype that is not the checkpoint's."""
-    if is_dtensor(value):
-        utils = sys.modules["torch.distributed.tensor._utils"]
-        global_shape = tuple(int(d) for d in value.shape)
-        shape, offsets = utils.compute_local_shape_and_global_offset(
-            value.shape, value.device_mesh, value.placements
-        )
-        local, code = value.to_local(), dtypes.from_torch(value.dtype, where).code
-    elif isinstance(value, Shard):
-        global_shape, offsets, local = tuple(value.global_shape), tuple(value.offsets), value.data
+    box = dest_box(value)
+    if box is not None:
+        global_shape, offsets, local = tuple(box.global_shape), tuple(box.offsets), box.data
         shape = tuple(int(d) for d in local.shape)
         code = _code(local, where)
     else:
@@ -184,12 +177,16 @@ async def load(
     as_torch: bool = False,
     keys: object = None,
     prefix: object = None,
+    own: int = 0,
 ) -> tuple[Any, Reads]:
     """This rank's state of a step saved by any number of ranks: the sharded tensors' boxes
-    it needs, and rank 0's plain tensors and other values (a plain tensor is a per-rank
-    value: on another world size every rank gets rank 0's)."""
+    it needs, and object ``own``'s plain tensors and other values (a plain tensor is a
+    per-rank value: on the world size that saved the step each rank gets its own, on another
+    every rank gets rank 0's)."""
     select.check(keys, prefix)
-    tensors = {**index.local[0], **index.tensors}
+    if not 0 <= own < len(index.objects):
+        raise ConfigError(f"rank {own} has no object in a step of {len(index.objects)} ranks")
+    tensors = {**index.local[own], **index.tensors}
     chosen = select.select(list(tensors), keys, prefix)
     executor = rt.executor()
     want_list, by_obj = await run_blocking(executor, _wants_and_plan, tensors, into, as_torch, chosen)
@@ -197,8 +194,8 @@ async def load(
     trees: dict[int, Any] = {}
     for obj in sorted(by_obj):  # popped: an object's temporaries go once it is read
         trees[obj] = await read_object(rt, storage, f"{base}/{index.objects[obj]}", by_obj.pop(obj), reads)
-    # rank 0's header holds the tree: read again only by a rank that read none of its boxes
-    tree = trees[0] if 0 in trees else await _tree(storage, f"{base}/{index.objects[0]}")
+    # object ``own``'s header holds the tree: read again only if none of its boxes was read
+    tree = trees[own] if own in trees else await _tree(storage, f"{base}/{index.objects[own]}")
     arrays = {w.tensor.name: w.result for w in want_list}
     state = await run_blocking(executor, _rebuild, tree, arrays, chosen, into)
     return state, reads

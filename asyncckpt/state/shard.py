@@ -105,6 +105,19 @@ def dtensor_box(value: Any, where: str) -> Shard:
     return Shard(tuple(int(d) for d in value.shape), tuple(int(o) for o in offsets), local)
 
 
+def dest_box(value: object) -> Shard | None:
+    """The box an ``into=`` leaf stands for: a DTensor's local tensor where its mesh places
+    it (a replica's box is its whole copy), a :class:`Shard` as it is; None for anything else."""
+    if isinstance(value, Shard):
+        return value
+    if not is_dtensor(value):
+        return None
+    utils = sys.modules["torch.distributed.tensor._utils"]  # loaded with torch.distributed.tensor
+    d: Any = value
+    _, offsets = utils.compute_local_shape_and_global_offset(d.shape, d.device_mesh, d.placements)
+    return Shard(tuple(int(n) for n in d.shape), tuple(int(o) for o in offsets), d.to_local())
+
+
 Box = tuple[tuple[int, ...], tuple[int, ...]]
 
 
