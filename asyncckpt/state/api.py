@@ -405,7 +405,10 @@ async def load_state(
         rt, storage, target, take, num_readers=num_readers, read_chunk_size=read_chunk_size,
         defeat_cache=defeat_cache, progress=progress, known=known,
     )  # fmt: skip
-    state = await run_blocking(executor, _finish_load, dests, meta, target, tree if ours else None, into)
+    partial = keys is not None or prefix is not None
+    state = await run_blocking(
+        executor, _finish_load, dests, meta, target, tree if ours else None, None if partial else into
+    )
     if manifest is not None:
         read_chunks = manifest.chunks if known.spans is None else -(-load.size_bytes // chunk)
         how = f"CRC32C of the header and of {read_chunks} chunk(s) of {chunk} bytes"
@@ -511,7 +514,8 @@ def _prepare_load(
         if chosen is not None:
             tree = select.prune(tree, chosen)
     entries = [e for e in header.tensors if chosen is None or e.name in chosen]
-    dests = _destinations(entries, into, as_torch, decode_boxes(header.metadata, uri), uri)
+    names = {e.name for e in header.tensors}
+    dests = _destinations(entries, names, into, as_torch, decode_boxes(header.metadata, uri), uri)
     known = Known(
         manifest=manifest or chunks.manifest_of(uri, header.size, chunk, ()),
         size=header.size,
@@ -534,6 +538,7 @@ def _spans(
 
 def _destinations(
     entries: Sequence[TensorEntry],
+    saved: set[str],
     into: Mapping[Any, Any] | None,
     as_torch: bool,
     boxes: Mapping[str, Box],
@@ -544,10 +549,10 @@ def _destinations(
         return [allocate(e, as_torch=as_torch, ml_dtypes=ml) for e in entries]
     _, leaves = flatten(into)
     by_name: dict[str, Leaf] = {leaf.name: leaf for leaf in leaves}
-    names = {e.name for e in entries}
-    extra = [path_text(leaf.path) for leaf in leaves if leaf.name not in names]
+    # a partial load fills the chosen tensors and leaves the rest of into= alone
+    extra = [path_text(leaf.path) for leaf in leaves if leaf.name not in saved]
     if extra:
-        raise ConfigError(f"into: {', '.join(extra[:5])} not in the checkpoint (or not chosen)")
+        raise ConfigError(f"into: {', '.join(extra[:5])} not in the checkpoint")
     missing = [e.name for e in entries if e.name not in by_name]
     if missing:
         raise ConfigError(f"into lacks the checkpoint's tensor(s) {missing[:5]}")

@@ -155,7 +155,7 @@ def wants(
         if found is None:
             raise ConfigError(f"into: {where} ({leaf.name!r}) is not in the checkpoint")
         if chosen is not None and leaf.name not in chosen:
-            raise ConfigError(f"into: {where} ({leaf.name!r}) is not among the keys chosen")
+            continue  # a partial load leaves the rest of into= alone
         offsets, shape, local, result = _dest_of(found, leaf.value, where)
         item = dtypes.lookup(found.dtype, found.name).itemsize
         dest = byte_array(local, f"into: {where}").view(_kind(item)).reshape(shape)
@@ -224,7 +224,7 @@ def _rebuild(
     tree: Any, arrays: Mapping[str, Any], chosen: set[str] | None, into: Mapping[Any, Any] | None
 ) -> Any:
     state = unflatten(select.prune(tree, chosen) if chosen is not None else tree, arrays)
-    if into is not None:
+    if into is not None and chosen is None:  # a partial load's tree holds placeholders only
         restore_values(into, state)
     return state
 
