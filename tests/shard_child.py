@@ -8,6 +8,10 @@ error it got (or ``committed``) to ``ROOT/result-<r>.txt``.
 :class:`Shard`, a plain tensor and a value that differ per rank, then load it back on the same
 two ranks: into DTensors, into whole tensors, and one object with ``load_state`` into
 DTensors/Shards. Each rank asserts what it got and writes ``ROOT/result-<r>.json``.
+
+``hf``: two ranks save step 1 of DTensors (``Shard(0)``, ``Shard(1)``, ``Replicate``) and an
+explicit :class:`Shard`, then ``dcp.load`` it with DCP's ``HuggingFaceStorageReader`` into
+zeroed DTensors of the same placements; each rank asserts its local tensors.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, distribute_tensor
 from torch.distributed.tensor import Shard as TShard
@@ -91,11 +96,34 @@ async def restore(root: Path) -> None:
     (root / f"result-{rank}.json").write_text(json.dumps(facts))
 
 
+def hf_state(mesh: Any, zero: bool) -> dict[str, Any]:
+    rank = dist.get_rank()
+    a, c, n = (torch.zeros_like(A), torch.zeros_like(C), np.zeros_like(N)) if zero else (A, C, N)
+    return {
+        "a": distribute_tensor(a, mesh, [TShard(0)]),
+        "b": distribute_tensor(a.T.contiguous(), mesh, [TShard(1)]),
+        "c": distribute_tensor(c, mesh, [Replicate()]),
+        "n": Shard((4,), (2 * rank,), torch.from_numpy(np.ascontiguousarray(n[2 * rank : 2 * rank + 2]))),
+    }
+
+
+async def hf(root: Path) -> None:
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    async with AsyncCheckpointer(chunk_size=1 << 20, num_buffers=3) as ckpt:
+        await ckpt.save_step(root / "run", 1, hf_state(mesh, zero=False))
+    want = hf_state(mesh, zero=False)
+    into = hf_state(mesh, zero=True)
+    dtensors = {k: into[k] for k in ("a", "b", "c")}
+    dcp.load(dtensors, storage_reader=dcp.HuggingFaceStorageReader(str(root / "run" / "step-1")))
+    for k in ("a", "b", "c"):
+        assert torch.equal(into[k].to_local(), want[k].to_local()), (k, into[k], want[k])
+
+
 def main() -> None:
     mode, root = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo")
     try:
-        asyncio.run({"overlap": overlap, "restore": restore}[mode](root))
+        asyncio.run({"overlap": overlap, "restore": restore, "hf": hf}[mode](root))
     finally:
         dist.destroy_process_group()
 

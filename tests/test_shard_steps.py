@@ -1,5 +1,6 @@
 """Sharded steps on real ``torchrun`` ranks (gloo, CPU; ``tests/shard_child.py``): boxes that
-overlap are refused at commit."""
+overlap are refused at commit; a step restored on the ranks that saved it; DCP's
+``HuggingFaceStorageReader`` reads a step of boxes."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 
 from asyncckpt.errors import ConfigError
 from asyncckpt.state.index import build
 from asyncckpt.steps import COMMIT
 
 from .launch import torchrun
+from .shard_child import A, C, N
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
 
 def ok(proc: Any) -> None:
@@ -76,3 +82,16 @@ def test_a_sharded_step_restored_on_the_ranks_that_saved_it(tmp_path: Path) -> N
     told = json.loads((tmp_path / "result-1.json").read_text())["load_state"]
     assert "state['c'] is the box at offsets [0], shape [5] of a [5] tensor" in told, told
     assert "holds 'c' at offsets [0], shape [0] of [5]: load the step with load_step" in told
+
+
+def test_dcp_huggingface_reader_loads_a_step_of_boxes(tmp_path: Path) -> None:
+    """Before: DCP's reader took each box for a whole tensor at offset 0: 'Size mismatch
+    between saved torch.Size([2, 3]) and current: torch.Size([4, 3]) for a'. The step's
+    objects now say where each box lies (``DCP_SHARDING_INFO``); on two ranks into DTensors,
+    and here (one process) into whole tensors."""
+    ok(torchrun("tests.shard_child", "hf", str(tmp_path), nproc=2, timeout=120))
+    into = {"a": torch.zeros(4, 3), "b": torch.zeros(3, 4), "c": torch.zeros(5, dtype=torch.int64)}
+    into["n"] = torch.zeros(4, dtype=torch.float64)
+    dcp.load(into, storage_reader=dcp.HuggingFaceStorageReader(str(tmp_path / "run" / "step-1")))
+    assert torch.equal(into["a"], A) and torch.equal(into["b"], A.T) and torch.equal(into["c"], C)
+    assert torch.equal(into["n"], torch.from_numpy(N))

@@ -41,7 +41,17 @@ from . import select
 from .arrays import Destination, SaveTensor, allocate, bind, prepare
 from .flatten import Leaf, flatten, path_text, unflatten
 from .results import StagedSave, StateLoadResult, StateSaveResult
-from .shard import K_SHARDS, Box, Shard, decode_boxes, dest_box, encode_boxes, is_dtensor
+from .shard import (
+    DCP_SHARDING_INFO,
+    K_SHARDS,
+    Box,
+    Shard,
+    dcp_sharding_info,
+    decode_boxes,
+    dest_box,
+    encode_boxes,
+    is_dtensor,
+)
 from .staging import StagingArea, copy_bytes, copy_shared, share_copies
 
 log = logging.getLogger("asyncckpt")
@@ -104,6 +114,7 @@ def plan(uri: str, state: object, chunk: int, metadata: Mapping[str, str] | None
     boxes = {t.leaf.name: t.box for t in tensors if t.box is not None}
     if boxes:
         meta[K_SHARDS] = encode_boxes(boxes)
+        meta[DCP_SHARDING_INFO] = dcp_sharding_info([(t.leaf.name, t.shape, t.box) for t in tensors])
     meta.update(our_metadata(tree, block))
     align = header_align(offset, block)
     members = tensors_json(entries)  # once: every header of this save lists the same tensors

@@ -10,8 +10,9 @@ written by the rank at coordinate 0 of that dimension only, the others write an 
 from __future__ import annotations
 
 import json
+import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,9 @@ from ..errors import ConfigError, StateFormatError
 
 #: header metadata of a state object: ``{name: [global shape, offsets]}`` of its sharded leaves
 K_SHARDS = "asyncckpt.shards"
+#: header metadata torch DCP's ``HuggingFaceStorageReader`` places a file's tensors by:
+#: ``{name: {"saved_offsets": offsets}}`` for every tensor of the file
+DCP_SHARDING_INFO = "DCP_SHARDING_INFO"
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,24 @@ def dest_box(value: object) -> Shard | None:
 
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def dcp_sharding_info(tensors: Sequence[tuple[str, tuple[int, ...], Box | None]]) -> str:
+    """``DCP_SHARDING_INFO`` of an object's tensors (name, local shape, box or None): where
+    each lies in its global tensor, as DCP's ``HuggingFaceStorageReader`` reads it (it takes a
+    tensor's global shape as the largest box end). An empty box (a replica's) is placed at the
+    tensor's end: at its offsets it would take the place of the box that holds the elements
+    (DCP keys a file's piece by name and offsets)."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for name, shape, box in tensors:
+        if box is None:
+            offsets: Sequence[int] = (0,) * len(shape)
+        elif math.prod(shape) == 0:
+            offsets = box[0]
+        else:
+            offsets = box[1]
+        out[name] = {"saved_offsets": list(offsets)}
+    return json.dumps(out, separators=(",", ":"))
 
 
 def encode_boxes(boxes: Mapping[str, Box]) -> str:
