@@ -39,7 +39,7 @@ from ..sinks.isolation import SharedBufferPool
 from ..sinks.router import StorageRouter
 from . import select
 from .arrays import Destination, SaveTensor, allocate, bind, prepare
-from .flatten import Leaf, flatten, path_text, unflatten
+from .flatten import Key, Leaf, flatten, match_leaves, path_text, tensor_paths, unflatten
 from .results import StagedSave, StateLoadResult, StateSaveResult
 from .shard import (
     DCP_SHARDING_INFO,
@@ -518,15 +518,17 @@ def _prepare_load(
     saved_chunk = chunk  # the object's own checksum chunk when it records one
     tree: Any = None
     manifest: Manifest | None = None
+    paths: dict[tuple[Key, ...], str] | None = None
     if is_ours(header.metadata):
         tree, saved_chunk, crcs = asyncckpt_metadata(header.metadata, uri)
+        paths = tensor_paths(tree) if into is not None else None
         if verify:
             manifest = header_manifest(prefix, header, uri, saved_chunk, crcs)
         if chosen is not None:
             tree = select.prune(tree, chosen)
     entries = [e for e in header.tensors if chosen is None or e.name in chosen]
     names = {e.name for e in header.tensors}
-    dests = _destinations(entries, names, into, as_torch, decode_boxes(header.metadata, uri), uri)
+    dests = _destinations(entries, names, paths, into, as_torch, decode_boxes(header.metadata, uri), uri)
     known = Known(
         manifest=manifest or chunks.manifest_of(uri, header.size, chunk, ()),
         size=header.size,
@@ -550,6 +552,7 @@ def _spans(
 def _destinations(
     entries: Sequence[TensorEntry],
     saved: set[str],
+    paths: Mapping[tuple[Key, ...], str] | None,
     into: Mapping[Any, Any] | None,
     as_torch: bool,
     boxes: Mapping[str, Box],
@@ -559,15 +562,32 @@ def _destinations(
         ml = dtypes.optional_module("ml_dtypes")
         return [allocate(e, as_torch=as_torch, ml_dtypes=ml) for e in entries]
     _, leaves = flatten(into)
-    by_name: dict[str, Leaf] = {leaf.name: leaf for leaf in leaves}
+    by_name, unknown = match_leaves(leaves, paths)
     # a partial load fills the chosen tensors and leaves the rest of into= alone
-    extra = [path_text(leaf.path) for leaf in leaves if leaf.name not in saved]
+    extra = unknown if paths is not None else [leaf for leaf in leaves if leaf.name not in saved]
     if extra:
-        raise ConfigError(f"into: {', '.join(extra[:5])} not in the checkpoint")
+        listed = ", ".join(path_text(leaf.path) for leaf in extra[:5])
+        raise ConfigError(f"into: {listed} not in the checkpoint{_where_saved(extra, paths)}")
     missing = [e.name for e in entries if e.name not in by_name]
     if missing:
         raise ConfigError(f"into lacks the checkpoint's tensor(s) {missing[:5]}")
     return [_bind(e, by_name[e.name], boxes.get(e.name), uri) for e in entries]
+
+
+def _where_saved(unknown: Sequence[Leaf], paths: Mapping[tuple[Key, ...], str] | None) -> str:
+    """Where the checkpoint has a tensor of the dotted name of an unmatched leaf (``{"a.b": x}``
+    for ``{"a": {"b": y}}``), said so: a different leaf, never loaded into this one."""
+    if not paths:
+        return ""
+    by_name = {name: path for path, name in paths.items()}
+    near = [(leaf, by_name[leaf.name]) for leaf in unknown if leaf.name in by_name]
+    if not near:
+        return ""
+    leaf, path = near[0]
+    return (
+        f" (it has {leaf.name!r} at {path_text(path)}, a different leaf: into= is matched by "
+        "where each leaf sits)"
+    )
 
 
 def _bind(e: TensorEntry, leaf: Leaf, saved: Box | None, uri: str) -> Destination:

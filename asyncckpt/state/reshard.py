@@ -33,6 +33,7 @@ from ..blocking import run_blocking
 from ..engine import dtypes
 from ..engine.header import asyncckpt_metadata, read_prefix, state_header
 from ..engine.load import Known, read
+from ..engine.manifest import Manifest
 from ..engine.pipeline import unwrap_group
 from ..engine.runtime import Runtime
 from ..engine.safetensors_format import TensorEntry
@@ -42,7 +43,7 @@ from ..sinks.router import StorageRouter
 from . import select
 from .api import restore_values
 from .arrays import allocate, byte_array
-from .flatten import flatten, is_torch_tensor, path_text, unflatten
+from .flatten import Key, flatten, is_torch_tensor, match_leaves, path_text, tensor_paths, unflatten
 from .index import Box, StepIndex, Tensor
 from .shard import dest_box
 
@@ -133,9 +134,14 @@ def _code(array: Any, where: str) -> str:
 
 
 def wants(
-    tensors: Mapping[str, Tensor], into: Mapping[Any, Any] | None, as_torch: bool, chosen: set[str] | None
+    tensors: Mapping[str, Tensor],
+    into: Mapping[Any, Any] | None,
+    as_torch: bool,
+    chosen: set[str] | None,
+    paths: Mapping[tuple[Key, ...], str] | None = None,
 ) -> list[Want]:
-    """This rank's boxes (blocking: binds every leaf)."""
+    """This rank's boxes (blocking: binds every leaf); ``paths``: where the saved tree places
+    each tensor, which ``into=``'s leaves are matched by (None: by their dotted names)."""
     out = []
     if into is None:
         ml = dtypes.optional_module("ml_dtypes")
@@ -149,12 +155,16 @@ def wants(
                 out.append(Want(t, (0,) * len(t.global_shape), t.global_shape, dest, d.result))
         return out
     _, leaves = flatten(into)
-    for leaf in leaves:
+    by_name, unknown = match_leaves(leaves, paths)
+    if unknown:
+        leaf = unknown[0]
+        raise ConfigError(f"into: {path_text(leaf.path)} ({leaf.name!r}) is not in the checkpoint")
+    for name, leaf in by_name.items():
         where = path_text(leaf.path)
-        found = tensors.get(leaf.name)
+        found = tensors.get(name)
         if found is None:
-            raise ConfigError(f"into: {where} ({leaf.name!r}) is not in the checkpoint")
-        if chosen is not None and leaf.name not in chosen:
+            raise ConfigError(f"into: {where} ({name!r}) is not in the checkpoint")
+        if chosen is not None and name not in chosen:
             continue  # a partial load leaves the rest of into= alone
         offsets, shape, local, result = _dest_of(found, leaf.value, where)
         item = dtypes.lookup(found.dtype, found.name).itemsize
@@ -189,13 +199,22 @@ async def load(
     tensors = {**index.local[own], **index.tensors}
     chosen = select.select(list(tensors), keys, prefix)
     executor = rt.executor()
-    want_list, by_obj = await run_blocking(executor, _wants_and_plan, tensors, into, as_torch, chosen)
+    # into= is matched by where each leaf sits, which object ``own``'s tree says: its header
+    # first (read once: its boxes' reads below use it)
+    own_uri = f"{base}/{index.objects[own]}"
+    head = None if into is None else await object_header(rt, storage, own_uri)
+    first = None if head is None else head[2]
+    want_list, by_obj = await run_blocking(executor, _wants_and_plan, tensors, into, as_torch, chosen, first)
     reads = Reads(needed=needed_bytes(want_list))
     trees: dict[int, Any] = {}
     for obj in sorted(by_obj):  # popped: an object's temporaries go once it is read
-        trees[obj] = await read_object(rt, storage, f"{base}/{index.objects[obj]}", by_obj.pop(obj), reads)
+        known = head if obj == own else None
+        uri = f"{base}/{index.objects[obj]}"
+        trees[obj] = await read_object(rt, storage, uri, by_obj.pop(obj), reads, head=known)
     # object ``own``'s header holds the tree: read again only if none of its boxes was read
-    tree = trees[own] if own in trees else await _tree(storage, f"{base}/{index.objects[own]}")
+    tree = first if first is not None else trees.get(own)
+    if tree is None:
+        tree = await _tree(storage, own_uri)
     arrays = {w.tensor.name: w.result for w in want_list}
     state = await run_blocking(executor, _rebuild, tree, arrays, chosen, into)
     return state, reads
@@ -212,11 +231,15 @@ async def _tree(storage: StorageRouter, uri: str) -> Any:
 
 
 def _wants_and_plan(
-    tensors: Mapping[str, Tensor], into: Mapping[Any, Any] | None, as_torch: bool, chosen: set[str] | None
+    tensors: Mapping[str, Tensor],
+    into: Mapping[Any, Any] | None,
+    as_torch: bool,
+    chosen: set[str] | None,
+    tree: Any,
 ) -> tuple[list[Want], dict[int, _Spans]]:
     """This rank's boxes and, per object, where its reads land: one thread hop (blocking;
     each hop costs 0.2-1.5 ms on the reference VM, and a rank's load paid five of them)."""
-    want_list = wants(tensors, into, as_torch, chosen)
+    want_list = wants(tensors, into, as_torch, chosen, None if tree is None else tensor_paths(tree))
     return want_list, {obj: _Spans(copies) for obj, copies in plan(want_list).items()}
 
 
@@ -316,11 +339,8 @@ class _Spans:
         np.copyto(w.dest[where], src)
 
 
-async def read_object(
-    rt: Runtime, storage: StorageRouter, uri: str, temps: _Spans, reads: Reads, *, verify: bool = True
-) -> Any:
-    """Read the byte ranges ``temps``' copies need from one object, verified per checksum block,
-    and copy each intersection to its destination; the state tree its header holds."""
+async def object_header(rt: Runtime, storage: StorageRouter, uri: str) -> tuple[int, Manifest, Any]:
+    """(size, manifest, state tree) of one asyncckpt state object, from its header."""
     sink = await storage.handle(uri)
     try:
         sink.check()
@@ -335,7 +355,23 @@ async def read_object(
         await sink.aclose()
     if found is None:
         raise StateFormatError(f"{uri!r}: not an asyncckpt state object (no checksums to verify against)")
-    manifest, tree = found
+    return size, found[0], found[1]
+
+
+async def read_object(
+    rt: Runtime,
+    storage: StorageRouter,
+    uri: str,
+    temps: _Spans,
+    reads: Reads,
+    *,
+    verify: bool = True,
+    head: tuple[int, Manifest, Any] | None = None,
+) -> Any:
+    """Read the byte ranges ``temps``' copies need from one object, verified per checksum block,
+    and copy each intersection to its destination; the state tree its header holds. ``head``:
+    the object's :func:`object_header`, when already read."""
+    size, manifest, tree = head if head is not None else await object_header(rt, storage, uri)
     spans = select.spans([(c.first, c.last) for c in temps.copies], manifest.chunk_size, size)
     executor = rt.executor()
     threads = rt.budget.blocked_threads
