@@ -755,3 +755,19 @@ async def test_into_is_matched_by_where_each_leaf_sits_not_its_dotted_name(tmp_p
         with pytest.raises(ConfigError, match=r"state\['a'\]\['b'\].* not in the checkpoint"):
             await load(one, into)
         np.testing.assert_array_equal(into["a"]["b"], np.zeros(3))
+
+
+async def test_a_shard_takes_numpy_integers(tmp_path: Path) -> None:
+    """Before: ``Shard((np.int64(6), 2), np.cumsum(...)...)`` was a ConfigError ('must be tuples
+    of non-negative ints'), though NumPy integers are what an array's split gives."""
+    rows = np.arange(8.0).reshape(4, 2)
+    start = np.cumsum([0, 2])[1]  # np.int64(2)
+    box = Shard((np.int64(6), 2), (start, np.int64(0)), rows)
+    async with AsyncCheckpointer(chunk_size=1 << 20, num_buffers=3) as c:
+        await c.save_state(tmp_path / "s.safetensors", {"w": box})
+        got = (await c.load_state(tmp_path / "s.safetensors")).state["w"]
+        with pytest.raises(ConfigError, match="must be tuples of non-negative ints"):
+            await c.save_state(tmp_path / "t.safetensors", {"w": Shard((np.int64(-1), 2), (0, 0), rows)})
+    assert got.global_shape == (6, 2) and got.offsets == (2, 0)
+    assert all(type(n) is int for n in (*got.global_shape, *got.offsets))
+    np.testing.assert_array_equal(got.data, rows)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,11 +42,14 @@ class Shard:
 
 
 def _ints(value: object) -> tuple[int, ...] | None:
+    """``value`` as a tuple of non-negative ints (Python's or NumPy's: ``np.int64`` from an
+    array's shape or a ``np.cumsum`` of split sizes), None if it is not one."""
     if not isinstance(value, (tuple, list)):
         return None
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value):
         return None
-    return tuple(value)
+    out = tuple(int(v) for v in value)
+    return out if all(v >= 0 for v in out) else None
 
 
 def check_box(
