@@ -36,13 +36,14 @@ from .sinks.router import StorageRouter
 from .sinks.small import get_bytes, put_bytes
 from .state import index as step_index
 from .state import reshard
-from .state.api import check_load_options
+from .state.api import check_load_options, save_state
 from .state.flatten import flatten
 from .state.hf_index import HF_METADATA, ObjectTensors, hf_index
 from .state.hf_index import INDEX as HF_INDEX
 from .state.reshard import Reads
 from .state.results import StagedSave, StateLoadResult, StateSaveResult
 from .state.shard import Shard, is_dtensor
+from .state.staging import StagingArea
 
 
 class StepHost(Protocol):
@@ -51,6 +52,7 @@ class StepHost(Protocol):
 
     storage: StorageRouter
     runtime: Runtime
+    staging_area: StagingArea
 
     async def save_state(
         self,
@@ -346,15 +348,21 @@ async def start_step(
     ``metadata`` (JSON-safe) goes into the commit record as it is.
     """
     base = step_uri(check_root(root, ckpt.storage), check_step(step))
-    await make_directory(ckpt, base)
-    await withdraw_commit(ckpt, base)
-    if coll.is_coordinator:
-        owner = {"host": host(), "boot": boot_id(), "pid": os.getpid(), "started_at": time.time()}
-        await put_record(ckpt, f"{base}/{OWNER}", owner)
+
+    async def ready() -> None:  # the state is laid out: a bad one was refused before any I/O
+        await make_directory(ckpt, base)
+        await withdraw_commit(ckpt, base)
+        if coll.is_coordinator:
+            owner = {"host": host(), "boot": boot_id(), "pid": os.getpid(), "started_at": time.time()}
+            await put_record(ckpt, f"{base}/{OWNER}", owner)
+
     name = rank_object(coll.rank, coll.world_size)
     saving: StateSaveResult | StagedSave | Exception
     try:
-        saving = await ckpt.save_state(f"{base}/{name}", state, staging=staging, metadata=HF_METADATA)
+        saving = await save_state(
+            ckpt.runtime, ckpt.storage, ckpt.staging_area, f"{base}/{name}", state,
+            staging=staging, metadata=HF_METADATA, ready=ready,
+        )  # fmt: skip
     except Exception as exc:
         if coll.world_size == 1:
             raise

@@ -19,7 +19,7 @@ import bisect
 import functools
 import logging
 import os
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,10 @@ _INLINE_COPY = 1 << 20
 #: data of at least this many checksum blocks starts on a block (header_align)
 ALIGNED_DATA = 64
 _INLINE_PIECES = 256  # more small tensors than this in one chunk are copied in a thread too
+
+
+#: awaited by a save once its state is known good, before its first I/O
+Ready = Callable[[], Awaitable[None]]
 
 
 @dataclass
@@ -185,22 +189,31 @@ async def save_state(
     staging: modes.StagingMode | str = "none",
     metadata: Mapping[str, str] | None = None,
     progress: ProgressFn | None = None,
+    ready: Ready | None = None,
 ) -> StateSaveResult | StagedSave:
-    """Save a nested state as one safetensors object; see ``AsyncCheckpointer.save_state``."""
+    """Save a nested state as one safetensors object; see ``AsyncCheckpointer.save_state``.
+    ``ready``: awaited once the state is laid out (refused before it if bad), before the
+    target is checked and written (a step makes its directory there)."""
     staging = modes.parse("staging", staging, modes.StagingMode, fold=False)
     refuse_unchecked(rt.config.integrity)
     target = _uri(uri)
     t0 = now()  # the caller is blocked from here (the target's check included)
-    await _check_target(storage, target)
+    if ready is None:
+        await _check_target(storage, target)
     if staging == "host":
         t_wait = now()
         async with area.claimed():  # one copy into the area at a time; then busy until written
             waited = now() - t_wait
-            return await _stage_and_write(rt, storage, area, target, state, metadata, progress, t0, waited)
+            return await _stage_and_write(
+                rt, storage, area, target, state, metadata, progress, t0, waited, ready
+            )
     executor = rt.executor()
     chunk = rt.config.chunk_size
     # in a thread: a state of 10 000 tensors takes 0.2 s to lay out, the loop's time else
     p = await run_blocking(executor, plan, target, state, chunk, metadata)
+    if ready is not None:
+        await ready()
+        await _check_target(storage, target)
     copied = tuple(t.leaf.name for t in p.tensors if not t.contiguous)
     views, (prefix, expected, prepass) = await run_blocking(executor, _views_and_header, p, chunk)
     data = [memoryview(prefix), *views]
@@ -257,6 +270,7 @@ async def _stage_and_write(
     progress: ProgressFn | None,
     t0: float,
     waited: float,
+    ready: Ready | None,
 ) -> StagedSave:
     chunk = rt.config.chunk_size
     threads = rt.budget.blocked_threads  # the caller waits for this copy: every core of its share
@@ -273,6 +287,9 @@ async def _stage_and_write(
     p, view, bins, inline_s = await run_blocking(rt.executor(), lay_out)
     t_copy = now()
     await copy_shared(bins, rt.executor())
+    if ready is not None:
+        await ready()
+        await _check_target(storage, uri)
     copied = tuple(t.leaf.name for t in p.tensors if not t.contiguous)
     blocked = now() - t0
     copy_s = inline_s + now() - t_copy
