@@ -20,7 +20,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
@@ -69,8 +69,8 @@ class StepHost(Protocol):
         into: Mapping[Any, Any] | None = None,
         *,
         as_torch: bool = False,
-        keys: str | Sequence[str] | None = None,
-        prefix: str | Sequence[str] | None = None,
+        keys: str | Collection[str] | None = None,
+        prefix: str | Collection[str] | None = None,
     ) -> StateLoadResult: ...
 
 
@@ -473,8 +473,8 @@ async def load_step(
     into: Mapping[Any, Any] | None = None,
     as_torch: bool = False,
     coll: Collectives | None = None,
-    keys: str | Sequence[str] | None = None,
-    prefix: str | Sequence[str] | None = None,
+    keys: str | Collection[str] | None = None,
+    prefix: str | Collection[str] | None = None,
 ) -> StepLoad:
     """This rank's state of ``step`` (default: the latest committed one); ``keys`` /
     ``prefix``: only those tensors (a partial load, see ``load_state``).

@@ -233,3 +233,25 @@ async def test_a_partial_load_keeps_the_other_items_of_a_list_in_into(tmp_path: 
         await c.load_state(uri, into=into, keys=["model.w", "model.layers.0"])
     assert into["model"]["layers"][1] == -1 and into["step"] == 0
     np.testing.assert_array_equal(into["model"]["layers"][0], np.arange(2.0))
+
+
+async def test_keys_as_any_collection_a_value_key_and_prefixes_of_whole_components(tmp_path: Path) -> None:
+    """Before: ``keys=d.keys()`` or a set was a ConfigError ('must be a non-empty string or a
+    list of them'); ``keys=["step"]`` said 'step' is not in the checkpoint, though it is (a
+    value, not a tensor); ``prefix="model"`` also loaded ``model_ema.w``."""
+    uri = tmp_path / "s.safetensors"
+    state = {"model": {"w": np.arange(2.0), "b": np.ones(2)}, "model_ema": {"w": np.zeros(2)}, "step": 3}
+    async with ckpt() as c:
+        await c.save_state(uri, state)
+        by_keys = await c.load_state(uri, keys=dict.fromkeys(["model.w"]).keys())
+        by_set = await c.load_state(uri, keys={"model.w", "model.b"})
+        by_prefix = await c.load_state(uri, prefix="model")
+        with pytest.raises(ConfigError, match=r"keys: 'step' is a value of the state, not a tensor"):
+            await c.load_state(uri, keys=["step"])
+        with pytest.raises(
+            ConfigError, match=r"keys must be a string or a collection of strings .*generator"
+        ):
+            await c.load_state(uri, keys=(k for k in ["model.w"]))  # type: ignore[arg-type]
+    assert list(by_keys.state["model"]) == ["w"]
+    assert sorted(by_set.state["model"]) == ["b", "w"]
+    assert list(by_prefix.state) == ["model"] and sorted(by_prefix.state["model"]) == ["b", "w"]

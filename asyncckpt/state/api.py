@@ -19,7 +19,7 @@ import bisect
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -381,8 +381,8 @@ async def load_state(
     read_chunk_size: int | None = None,
     defeat_cache: bool = True,
     progress: ProgressFn | None = None,
-    keys: str | Sequence[str] | None = None,
-    prefix: str | Sequence[str] | None = None,
+    keys: str | Collection[str] | None = None,
+    prefix: str | Collection[str] | None = None,
 ) -> StateLoadResult:
     """Load a safetensors object into a nested state; see ``AsyncCheckpointer.load_state``.
 
@@ -526,19 +526,22 @@ def _prepare_load(
     as_torch: bool,
     verify: bool,
     chunk: int,
-    keys: str | Sequence[str] | None,
-    prefix_keys: str | Sequence[str] | None,
+    keys: str | Collection[str] | None,
+    prefix_keys: str | Collection[str] | None,
 ) -> tuple[Any, int, Manifest | None, list[Destination], Known, _Scatter]:
     """(tree, chunk size, manifest to verify against, destinations, what the reads know, the
     scatter of their bytes); blocking: a header of 10 000 tensors takes 0.1 s to check and bind."""
-    chosen = select.select([e.name for e in header.tensors], keys, prefix_keys)
     saved_chunk = chunk  # the object's own checksum chunk when it records one
     tree: Any = None
     manifest: Manifest | None = None
     paths: dict[tuple[Key, ...], str] | None = None
+    crcs: Any = None
     if is_ours(header.metadata):
         tree, saved_chunk, crcs = asyncckpt_metadata(header.metadata, uri)
         paths = tensor_paths(tree) if into is not None else None
+    values = select.value_paths(tree) if tree is not None and keys is not None else set()
+    chosen = select.select([e.name for e in header.tensors], keys, prefix_keys, values)
+    if tree is not None:
         if verify:
             manifest = header_manifest(prefix, header, uri, saved_chunk, crcs)
         if chosen is not None:
