@@ -252,6 +252,9 @@ async def test_keys_as_any_collection_a_value_key_and_prefixes_of_whole_componen
             ConfigError, match=r"keys must be a string or a collection of strings .*generator"
         ):
             await c.load_state(uri, keys=(k for k in ["model.w"]))  # type: ignore[arg-type]
+        await c.save_step(tmp_path / "run", 1, {"s": Shard((2,), (0,), np.ones(2)), "step": 3})
+        with pytest.raises(ConfigError, match=r"keys: 'step' is a value of the state, not a tensor"):
+            await c.load_step(tmp_path / "run", into={"s": np.zeros(2)}, keys=["step"])  # by boxes
     assert list(by_keys.state["model"]) == ["w"]
     assert sorted(by_set.state["model"]) == ["b", "w"]
     assert list(by_prefix.state) == ["model"] and sorted(by_prefix.state["model"]) == ["b", "w"]

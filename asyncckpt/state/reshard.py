@@ -197,7 +197,15 @@ async def load(
     if not 0 <= own < len(index.objects):
         raise ConfigError(f"rank {own} has no object in a step of {len(index.objects)} ranks")
     tensors = {**index.local[own], **index.tensors}
-    chosen = select.select(list(tensors), keys, prefix)
+    try:
+        chosen = select.select(list(tensors), keys, prefix)
+    except ConfigError:
+        if keys is None:
+            raise
+        # a key naming a value of the state (``step``) is told so, from the tree's header
+        _, _, tree = await object_header(rt, storage, f"{base}/{index.objects[own]}")
+        select.select(list(tensors), keys, prefix, select.value_paths(tree))
+        raise
     executor = rt.executor()
     # into= is matched by where each leaf sits, which object ``own``'s tree says: its header
     # first (read once: its boxes' reads below use it)
