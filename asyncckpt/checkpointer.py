@@ -9,7 +9,7 @@ that does the work: ``engine.save``, ``engine.load``, ``state.api``, ``steps``.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, overload
 
@@ -128,8 +128,8 @@ class AsyncCheckpointer:
         *,
         into: Mapping[Any, Any] | None = None,
         as_torch: bool = False,
-        keys: str | Sequence[str] | None = None,
-        prefix: str | Sequence[str] | None = None,
+        keys: str | Collection[str] | None = None,
+        prefix: str | Collection[str] | None = None,
     ) -> steps.StepLoad:
         """This rank's state of a committed step (default: the latest); StepNotCommittedError
         when the step has no commit record. ``keys``/``prefix``: a partial load."""
@@ -296,8 +296,8 @@ class AsyncCheckpointer:
         read_chunk_size: int | None = None,
         defeat_cache: bool = True,
         progress: ProgressFn | None = None,
-        keys: str | Sequence[str] | None = None,
-        prefix: str | Sequence[str] | None = None,
+        keys: str | Collection[str] | None = None,
+        prefix: str | Collection[str] | None = None,
     ) -> StateLoadResult:
         """Load a safetensors object (asyncckpt's or any other writer's) into a nested state.
 

@@ -20,7 +20,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
@@ -36,13 +36,14 @@ from .sinks.router import StorageRouter
 from .sinks.small import get_bytes, put_bytes
 from .state import index as step_index
 from .state import reshard
-from .state.api import check_load_options
+from .state.api import check_load_options, save_state
 from .state.flatten import flatten
 from .state.hf_index import HF_METADATA, ObjectTensors, hf_index
 from .state.hf_index import INDEX as HF_INDEX
 from .state.reshard import Reads
 from .state.results import StagedSave, StateLoadResult, StateSaveResult
 from .state.shard import Shard, is_dtensor
+from .state.staging import StagingArea
 
 
 class StepHost(Protocol):
@@ -51,6 +52,7 @@ class StepHost(Protocol):
 
     storage: StorageRouter
     runtime: Runtime
+    staging_area: StagingArea
 
     async def save_state(
         self,
@@ -67,8 +69,8 @@ class StepHost(Protocol):
         into: Mapping[Any, Any] | None = None,
         *,
         as_torch: bool = False,
-        keys: str | Sequence[str] | None = None,
-        prefix: str | Sequence[str] | None = None,
+        keys: str | Collection[str] | None = None,
+        prefix: str | Collection[str] | None = None,
     ) -> StateLoadResult: ...
 
 
@@ -346,15 +348,21 @@ async def start_step(
     ``metadata`` (JSON-safe) goes into the commit record as it is.
     """
     base = step_uri(check_root(root, ckpt.storage), check_step(step))
-    await make_directory(ckpt, base)
-    await withdraw_commit(ckpt, base)
-    if coll.is_coordinator:
-        owner = {"host": host(), "boot": boot_id(), "pid": os.getpid(), "started_at": time.time()}
-        await put_record(ckpt, f"{base}/{OWNER}", owner)
+
+    async def ready() -> None:  # the state is laid out: a bad one was refused before any I/O
+        await make_directory(ckpt, base)
+        await withdraw_commit(ckpt, base)
+        if coll.is_coordinator:
+            owner = {"host": host(), "boot": boot_id(), "pid": os.getpid(), "started_at": time.time()}
+            await put_record(ckpt, f"{base}/{OWNER}", owner)
+
     name = rank_object(coll.rank, coll.world_size)
     saving: StateSaveResult | StagedSave | Exception
     try:
-        saving = await ckpt.save_state(f"{base}/{name}", state, staging=staging, metadata=HF_METADATA)
+        saving = await save_state(
+            ckpt.runtime, ckpt.storage, ckpt.staging_area, f"{base}/{name}", state,
+            staging=staging, metadata=HF_METADATA, ready=ready,
+        )  # fmt: skip
     except Exception as exc:
         if coll.world_size == 1:
             raise
@@ -465,8 +473,8 @@ async def load_step(
     into: Mapping[Any, Any] | None = None,
     as_torch: bool = False,
     coll: Collectives | None = None,
-    keys: str | Sequence[str] | None = None,
-    prefix: str | Sequence[str] | None = None,
+    keys: str | Collection[str] | None = None,
+    prefix: str | Collection[str] | None = None,
 ) -> StepLoad:
     """This rank's state of ``step`` (default: the latest committed one); ``keys`` /
     ``prefix``: only those tensors (a partial load, see ``load_state``).
@@ -496,25 +504,37 @@ async def load_step(
             "missing (the save did not finish on every rank); load an earlier step"
         )
     base = step_uri(base_root, step)
+    same = record.world_size == coll.world_size
     # in a thread: walking a state of 10 000 leaves is the loop's time else
     wanted = into is not None and await run_blocking(ckpt.runtime.executor(), _boxes_wanted, into)
-    if record.world_size != coll.world_size or wanted:
-        if record.index is None:
-            raise ConfigError(
-                f"step {step} was saved by {record.world_size} ranks without a step index (asyncckpt "
-                f"before 0.x); this job has {coll.world_size}: load it on {record.world_size} ranks"
-            )
+    if not same and record.index is None:
+        raise ConfigError(
+            f"step {step} was saved by {record.world_size} ranks without a step index (asyncckpt "
+            f"before 0.x); this job has {coll.world_size}: load it on {record.world_size} ranks"
+        )
+    uri = f"{base}/{record.objects[coll.rank]}" if same else ""
+    if same:  # this rank's object is the one committed, before the index or a byte is used
+        await _check_named(ckpt, uri, record.sizes[coll.rank])
+    index: step_index.StepIndex | None = None
+    if record.index is not None and (not same or into is not None):
         where = f"{base}/{record.index}"
         expected = (record.checksums or {}).get(record.index)
         index = await run_blocking(
             ckpt.runtime.executor(), step_index.parse, await _index_record(ckpt, where, expected), where
         )
+    # by boxes: on another world size; for DTensor/Shard destinations; and for whole arrays of
+    # a sharded tensor (this rank's object holds only its box of it)
+    if index is not None and (not same or wanted or index.tensors):
         state, reads = await reshard.load(
-            ckpt.runtime, ckpt.storage, base, index, into=into, as_torch=as_torch, keys=keys, prefix=prefix
-        )
+            ckpt.runtime, ckpt.storage, base, index, into=into, as_torch=as_torch, keys=keys,
+            prefix=prefix, own=coll.rank if same else 0,
+        )  # fmt: skip
         return StepLoad(step=step, state=state, result=None, reads=reads)
-    uri = f"{base}/{record.objects[coll.rank]}"
-    await _check_named(ckpt, uri, record.sizes[coll.rank])
+    if wanted:
+        raise ConfigError(
+            f"step {step} was saved without a step index (asyncckpt before 0.x): into= cannot hold "
+            "DTensors or Shards for it; load it without into="
+        )
     loaded = await ckpt.load_state(uri, into=into, as_torch=as_torch, keys=keys, prefix=prefix)
     return StepLoad(step=step, state=loaded.state, result=loaded)
 

@@ -17,7 +17,7 @@ from asyncckpt import ChecksumMismatchError, ConfigError  # noqa: E402
 from asyncckpt.integrations.dcp import AsyncCkptStorageWriter  # noqa: E402
 from asyncckpt.integrations.dcp_convert import main, to_stock  # noqa: E402
 
-from .launch import ROOT, child_env  # noqa: E402
+from .launch import ROOT, child_env, torchrun  # noqa: E402
 from .test_dcp import CHUNK, assert_identical, state_of, trained  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -80,3 +80,42 @@ def test_a_corrupt_source_fails_and_leaves_nothing(
     with pytest.raises(ChecksumMismatchError):
         to_stock(src, tmp_path / "stock", chunk_size=CHUNK)
     assert os.listdir(tmp_path / "stock") == []  # no object, no temporary, no .metadata
+
+
+def test_a_rank_with_nothing_to_write_converts(tmp_path: Path) -> None:
+    """Before: rank 1's empty tensor is in ``.metadata`` at ``__1_0.distcp``, which rank 1 never
+    wrote (0 bytes); the converter opened it: rc 2, ``No such file or directory``."""
+    proc = torchrun("tests.dcp_empty_child", str(tmp_path / "src"), nproc=2, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(tmp_path / "src")) == [".metadata", "__0_0.distcp"]
+    proc = convert_cli(str(tmp_path / "src"), str(tmp_path / "stock"))
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert sorted(os.listdir(tmp_path / "stock")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    into = {"w": torch.zeros(10), "e0": torch.ones(0), "e1": torch.ones(0)}
+    dcp.load(into, storage_reader=dcp.FileSystemReader(str(tmp_path / "stock")))
+    assert torch.equal(into["w"], torch.arange(10.0))
+
+
+def test_a_destination_file_a_stock_source_and_bad_arguments_are_one_line_and_rc_2(
+    saved: tuple[Path, dict[str, object]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a destination that is a file was rc 1 (``[Errno 17] create ...: File exists``),
+    a stock DCP checkpoint as the source rc 1 (``has no manifest``), and a missing argument two
+    lines (argparse's usage, then the error)."""
+    src, state = saved
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"x")
+    assert main([str(src), str(afile)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and "exists and is not a directory" in err, err
+    stock = tmp_path / "stock-src"
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(stock)))
+    assert main([str(stock), str(tmp_path / "out")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and "is not an asyncckpt DCP checkpoint" in err, err
+    assert not (tmp_path / "out").exists()
+    proc = convert_cli(str(src))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "the following arguments are required: dst (usage: " in proc.stderr

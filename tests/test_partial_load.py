@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncckpt import AsyncCheckpointer, ChecksumMismatchError, ConfigError
+from asyncckpt import AsyncCheckpointer, ChecksumMismatchError, ConfigError, Shard
 from asyncckpt.engine.chunks import CHECK_BLOCK
 from asyncckpt.servers.s3endpoint import S3Endpoint
 
@@ -173,3 +173,88 @@ async def test_a_tensor_of_whole_blocks_is_read_without_an_extra_block(tmp_path:
     assert one.load.size_bytes == 2 << 20
     np.testing.assert_array_equal(small.state["count"], state["count"])
     assert small.load.size_bytes <= CHECK_BLOCK  # the last, short block
+
+
+def _small(zero: bool) -> dict[str, Any]:
+    def v(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        return np.zeros_like(a) if zero else a
+
+    return {
+        "model": {
+            "w": v(np.arange(4.0)),
+            "layers": [v(np.arange(2.0)), -1 if zero else 5],
+            "pair": (v(np.arange(3.0)), v(np.arange(3.0) + 1)),
+        },
+        "opt": {"m": v(np.full(2, 7.0))},
+        "step": 0 if zero else 5,
+    }
+
+
+@pytest.mark.parametrize("how", ["load_state", "load_step", "resharded"])
+async def test_a_partial_load_into_a_whole_state_leaves_the_rest_of_it_alone(
+    tmp_path: Path, how: str
+) -> None:
+    """Before: into= holding more than the chosen tensors was a ConfigError ('not in the
+    checkpoint (or not chosen)'; a resharded load: 'not among the keys chosen'), and into=
+    holding only them had its other values overwritten: a list's other item became None, a
+    tuple was replaced by one with None for the items left out."""
+    saved = _small(zero=False)
+    if how == "resharded":  # a sharded leaf: the step loads by boxes
+        saved["opt"]["m"] = Shard((2,), (0,), saved["opt"]["m"])
+    into = _small(zero=True)
+    pair = into["model"]["pair"]
+    keys = ["model.w", "model.layers.0", "model.pair.0"]
+    async with ckpt() as c:
+        if how == "load_state":
+            await c.save_state(tmp_path / "s.safetensors", saved)
+            await c.load_state(tmp_path / "s.safetensors", into=into, keys=keys)
+        else:
+            await c.save_step(tmp_path / "run", 1, saved)
+            got = await c.load_step(tmp_path / "run", into=into, keys=keys)
+            assert (got.reads is not None) == (how == "resharded")
+    np.testing.assert_array_equal(into["model"]["w"], np.arange(4.0))
+    np.testing.assert_array_equal(into["model"]["layers"][0], np.arange(2.0))
+    assert into["model"]["layers"][1] == -1
+    assert into["model"]["pair"] is pair
+    np.testing.assert_array_equal(pair[0], np.arange(3.0))
+    np.testing.assert_array_equal(pair[1], np.zeros(3))
+    np.testing.assert_array_equal(
+        into["opt"]["m"].data if how == "resharded" else into["opt"]["m"], np.zeros(2)
+    )
+    assert into["step"] == 0
+
+
+async def test_a_partial_load_keeps_the_other_items_of_a_list_in_into(tmp_path: Path) -> None:
+    """Before: into= holding only the chosen tensors had a list's other item set to None."""
+    uri = tmp_path / "s.safetensors"
+    async with ckpt() as c:
+        await c.save_state(uri, {"model": {"w": np.arange(4.0), "layers": [np.arange(2.0), 5]}, "step": 5})
+        into = {"model": {"w": np.zeros(4), "layers": [np.zeros(2), -1]}, "step": 0}
+        await c.load_state(uri, into=into, keys=["model.w", "model.layers.0"])
+    assert into["model"]["layers"][1] == -1 and into["step"] == 0
+    np.testing.assert_array_equal(into["model"]["layers"][0], np.arange(2.0))
+
+
+async def test_keys_as_any_collection_a_value_key_and_prefixes_of_whole_components(tmp_path: Path) -> None:
+    """Before: ``keys=d.keys()`` or a set was a ConfigError ('must be a non-empty string or a
+    list of them'); ``keys=["step"]`` said 'step' is not in the checkpoint, though it is (a
+    value, not a tensor); ``prefix="model"`` also loaded ``model_ema.w``."""
+    uri = tmp_path / "s.safetensors"
+    state = {"model": {"w": np.arange(2.0), "b": np.ones(2)}, "model_ema": {"w": np.zeros(2)}, "step": 3}
+    async with ckpt() as c:
+        await c.save_state(uri, state)
+        by_keys = await c.load_state(uri, keys=dict.fromkeys(["model.w"]).keys())
+        by_set = await c.load_state(uri, keys={"model.w", "model.b"})
+        by_prefix = await c.load_state(uri, prefix="model")
+        with pytest.raises(ConfigError, match=r"keys: 'step' is a value of the state, not a tensor"):
+            await c.load_state(uri, keys=["step"])
+        with pytest.raises(
+            ConfigError, match=r"keys must be a string or a collection of strings .*generator"
+        ):
+            await c.load_state(uri, keys=(k for k in ["model.w"]))  # type: ignore[arg-type]
+        await c.save_step(tmp_path / "run", 1, {"s": Shard((2,), (0,), np.ones(2)), "step": 3})
+        with pytest.raises(ConfigError, match=r"keys: 'step' is a value of the state, not a tensor"):
+            await c.load_step(tmp_path / "run", into={"s": np.zeros(2)}, keys=["step"])  # by boxes
+    assert list(by_keys.state["model"]) == ["w"]
+    assert sorted(by_set.state["model"]) == ["b", "w"]
+    assert list(by_prefix.state) == ["model"] and sorted(by_prefix.state["model"]) == ["b", "w"]

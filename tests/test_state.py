@@ -22,6 +22,7 @@ from asyncckpt import (
     ChecksumMismatchError,
     ConfigError,
     IntegrityError,
+    Shard,
     SourceChangedError,
     StateFormatError,
 )
@@ -720,3 +721,53 @@ def test_memory_of_each_staging_mode(tmp_path: Path, staging: str) -> None:
         assert grew < 32 * 2**20, grew
     else:  # a staging area the size of the state
         assert grew > 200 * 2**20, grew
+
+
+@pytest.mark.parametrize("how", ["load_state", "load_step", "resharded"])
+async def test_into_is_matched_by_where_each_leaf_sits_not_its_dotted_name(tmp_path: Path, how: str) -> None:
+    """``{"a.b": x}`` and ``{"a": {"b": y}}`` both flatten to the name ``a.b``. Before: a
+    checkpoint of ``{"a.b": x}`` loaded into ``{"a": {"b": y}}`` filled ``y`` with ``x``, and with
+    both saved, an ``into=`` listing them in the other order had each array filled with the
+    other's values (and the two swapped in ``into``, hiding it there)."""
+    x, y = np.arange(3.0), np.arange(3.0) + 10
+    both: dict[str, Any] = {"a.b": x, "a": {"b": y}}
+    one: dict[str, Any] = {"a.b": x}
+    if how == "resharded":  # a sharded leaf: the step loads by boxes
+        both["s"] = one["s"] = Shard((2,), (0,), np.ones(2))
+
+    async def load(state: dict[str, Any], into: dict[str, Any]) -> None:
+        if how == "load_state":
+            await c.save_state(tmp_path / "s.safetensors", state)
+            await c.load_state(tmp_path / "s.safetensors", into=into)
+        else:
+            await c.save_step(tmp_path / "run", 1, state)
+            await c.load_step(tmp_path / "run", into=into)
+
+    extra = {"s": np.zeros(2)} if how == "resharded" else {}
+    async with AsyncCheckpointer(chunk_size=1 << 20, num_buffers=3) as c:
+        nested, dotted = np.zeros(3), np.zeros(3)  # a model's parameters, say: filled in place
+        into: dict[str, Any] = {"a": {"b": nested}, "a.b": dotted, **extra}  # the other order
+        await load(both, into)
+        np.testing.assert_array_equal(dotted, x)
+        np.testing.assert_array_equal(nested, y)
+        assert into["a.b"] is dotted and into["a"]["b"] is nested
+        into = {"a": {"b": np.zeros(3)}, **extra}
+        with pytest.raises(ConfigError, match=r"state\['a'\]\['b'\].* not in the checkpoint"):
+            await load(one, into)
+        np.testing.assert_array_equal(into["a"]["b"], np.zeros(3))
+
+
+async def test_a_shard_takes_numpy_integers(tmp_path: Path) -> None:
+    """Before: ``Shard((np.int64(6), 2), np.cumsum(...)...)`` was a ConfigError ('must be tuples
+    of non-negative ints'), though NumPy integers are what an array's split gives."""
+    rows = np.arange(8.0).reshape(4, 2)
+    start = np.cumsum([0, 2])[1]  # np.int64(2)
+    box = Shard((np.int64(6), 2), (start, np.int64(0)), rows)
+    async with AsyncCheckpointer(chunk_size=1 << 20, num_buffers=3) as c:
+        await c.save_state(tmp_path / "s.safetensors", {"w": box})
+        got = (await c.load_state(tmp_path / "s.safetensors")).state["w"]
+        with pytest.raises(ConfigError, match="must be tuples of non-negative ints"):
+            await c.save_state(tmp_path / "t.safetensors", {"w": Shard((np.int64(-1), 2), (0, 0), rows)})
+    assert got.global_shape == (6, 2) and got.offsets == (2, 0)
+    assert all(type(n) is int for n in (*got.global_shape, *got.offsets))
+    np.testing.assert_array_equal(got.data, rows)

@@ -15,12 +15,14 @@ from asyncckpt import (
     AsyncCheckpointer,
     CheckpointManager,
     ConfigError,
+    Shard,
     StepNotCommittedError,
     StoragePermissionError,
 )
+from asyncckpt.node.collectives import get_collectives
 from asyncckpt.owner import boot_id, host
 from asyncckpt.servers.s3endpoint import S3Endpoint
-from asyncckpt.steps import COMMIT, OWNER, latest_step, read_commit, steps_under
+from asyncckpt.steps import COMMIT, OWNER, latest_step, read_commit, start_step, steps_under
 
 from .launch import mpirun, torchrun
 from .relay import FaultyFront
@@ -391,13 +393,14 @@ async def test_manager_aclose_raises_a_failure_not_yet_raised(moto_endpoint: S3E
 
 
 async def test_manager_cleans_a_step_whose_save_is_refused_at_once(tmp_path: Path) -> None:
-    """A state that cannot be saved fails ``maybe_save`` itself; the step it began is removed."""
+    """A state that cannot be saved fails ``maybe_save`` itself and begins no step (it is
+    refused before the step's first I/O: nothing to clean)."""
     async with CheckpointManager(tmp_path, chunk_size=MiB, num_buffers=4, staging="none") as mgr:
         with pytest.raises(ConfigError, match="complex128"):
             await mgr.maybe_save(1, {"z": np.zeros(3, np.complex128)})
         assert names(tmp_path) == []
         await mgr.wait()  # raised already: not again
-    assert mgr.stats.cleaned == [1] and [s for s, _ in mgr.stats.failed] == [1]
+    assert mgr.stats.cleaned == [] and [s for s, _ in mgr.stats.failed] == [1]
 
 
 def test_manager_refuses_bad_settings(tmp_path: Path) -> None:
@@ -410,3 +413,29 @@ def test_manager_refuses_bad_settings(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=match):
             CheckpointManager(tmp_path, **kwargs)
     assert names(tmp_path) == []  # nothing written
+
+
+BAD_STATES = {
+    "not an array": {"w": np.arange(4.0), "bad": object()},
+    "a box leaving its tensor": {"w": Shard((4,), (3,), np.arange(2.0))},
+}
+
+
+@pytest.mark.parametrize("staging", ["none", "host"])
+@pytest.mark.parametrize("bad", list(BAD_STATES))
+async def test_a_refused_state_touches_no_step(tmp_path: Path, bad: str, staging: str) -> None:
+    """Before: the step's directory was made and the commit record of an earlier save of that
+    step number withdrawn (with ``OWNER.json`` written) before the state was laid out: saving
+    a bad state as step 1 left committed step 1 unloadable (StepNotCommittedError), and as a
+    new step 2 left ``step-2/`` behind."""
+    root = tmp_path / "run"
+    async with AsyncCheckpointer(chunk_size=1 << 20, num_buffers=3) as c, get_collectives() as coll:
+        await c.save_step(root, 1, {"w": np.arange(4.0), "step": 1})
+        before = sorted(os.listdir(root / "step-1"))
+        for step in (1, 2):
+            with pytest.raises(ConfigError, match=r"state\['(bad|w)'\]"):
+                await start_step(c, root, step, BAD_STATES[bad], coll=coll, staging=staging)  # type: ignore[arg-type]
+        assert sorted(os.listdir(root / "step-1")) == before
+        assert sorted(os.listdir(root)) == ["step-1"]
+        got = await c.load_step(root)
+    assert got.step == 1 and got.state["step"] == 1

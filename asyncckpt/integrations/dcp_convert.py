@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from ..blocking import Offload, run_blocking
 from ..checkpointer import AsyncCheckpointer
@@ -33,6 +33,7 @@ from ..errors import (
     AsyncCkptError,
     ConfigError,
     ManifestError,
+    ManifestMissingError,
     MissingDependencyError,
     TargetNotFoundError,
     map_os_error,
@@ -127,6 +128,8 @@ async def _convert_object(
 
     while at < len(pending) and pending[at][1].length == 0:
         await emit()
+    if at == len(pending):  # only empty items: a rank with nothing to write wrote no object
+        return entries
     async with ckpt.iter_load(uri) as stream:
         async for view in stream:
             end = pos + len(view)
@@ -153,6 +156,10 @@ def _check_destination(dst: str, names: Sequence[str]) -> str:
         raise ConfigError(
             f"destination {dst!r} must be a local directory (torch's FileSystemReader reads files)"
         )
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        raise ConfigError(
+            f"destination {dst!r} exists and is not a directory: choose a new or empty directory"
+        )
     taken = [n for n in names if os.path.lexists(os.path.join(directory, n))]
     if taken:
         raise ConfigError(f"destination {dst!r} already holds {', '.join(taken)}: choose an empty directory")
@@ -169,6 +176,11 @@ async def convert(src: str, dst: str, config: CheckpointConfig) -> ConvertResult
         except TargetNotFoundError as exc:
             raise TargetNotFoundError(
                 exc.errno, f"no committed asyncckpt DCP checkpoint at {src!r}: {uri!r} does not exist"
+            ) from exc
+        except ManifestMissingError as exc:  # a stock DCP checkpoint, or another file named .metadata
+            raise ConfigError(
+                f"{src!r} is not an asyncckpt DCP checkpoint: its {METADATA} has no asyncckpt manifest "
+                f"(a stock DCP checkpoint loads with torch's FileSystemReader as it is): {exc}"
             ) from exc
         per_object: dict[str, list[tuple[MetadataIndex, ItemLocation]]] = {}
         for index, loc in metadata.storage_data.items():
@@ -216,8 +228,15 @@ def to_stock(
     return asyncio.run(convert(os.fspath(src), os.fspath(dst), cfg))
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr and exit code 2, as any other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"asyncckpt: {message} (usage: {self.format_usage().strip().removeprefix('usage: ')})\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m asyncckpt.integrations.dcp_convert",
         description="Convert an asyncckpt DCP checkpoint into DCP's stock layout (torch's FileSystemReader).",
     )

@@ -19,7 +19,7 @@ import bisect
 import functools
 import logging
 import os
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,9 +39,19 @@ from ..sinks.isolation import SharedBufferPool
 from ..sinks.router import StorageRouter
 from . import select
 from .arrays import Destination, SaveTensor, allocate, bind, prepare
-from .flatten import Leaf, flatten, path_text, unflatten
+from .flatten import Key, Leaf, flatten, match_leaves, path_text, tensor_paths, unflatten
 from .results import StagedSave, StateLoadResult, StateSaveResult
-from .shard import K_SHARDS, Shard, decode_boxes, encode_boxes
+from .shard import (
+    DCP_SHARDING_INFO,
+    K_SHARDS,
+    Box,
+    Shard,
+    dcp_sharding_info,
+    decode_boxes,
+    dest_box,
+    encode_boxes,
+    is_dtensor,
+)
 from .staging import StagingArea, copy_bytes, copy_shared, share_copies
 
 log = logging.getLogger("asyncckpt")
@@ -49,6 +59,10 @@ _INLINE_COPY = 1 << 20
 #: data of at least this many checksum blocks starts on a block (header_align)
 ALIGNED_DATA = 64
 _INLINE_PIECES = 256  # more small tensors than this in one chunk are copied in a thread too
+
+
+#: awaited by a save once its state is known good, before its first I/O
+Ready = Callable[[], Awaitable[None]]
 
 
 @dataclass
@@ -104,6 +118,7 @@ def plan(uri: str, state: object, chunk: int, metadata: Mapping[str, str] | None
     boxes = {t.leaf.name: t.box for t in tensors if t.box is not None}
     if boxes:
         meta[K_SHARDS] = encode_boxes(boxes)
+        meta[DCP_SHARDING_INFO] = dcp_sharding_info([(t.leaf.name, t.shape, t.box) for t in tensors])
     meta.update(our_metadata(tree, block))
     align = header_align(offset, block)
     members = tensors_json(entries)  # once: every header of this save lists the same tensors
@@ -174,22 +189,31 @@ async def save_state(
     staging: modes.StagingMode | str = "none",
     metadata: Mapping[str, str] | None = None,
     progress: ProgressFn | None = None,
+    ready: Ready | None = None,
 ) -> StateSaveResult | StagedSave:
-    """Save a nested state as one safetensors object; see ``AsyncCheckpointer.save_state``."""
+    """Save a nested state as one safetensors object; see ``AsyncCheckpointer.save_state``.
+    ``ready``: awaited once the state is laid out (refused before it if bad), before the
+    target is checked and written (a step makes its directory there)."""
     staging = modes.parse("staging", staging, modes.StagingMode, fold=False)
     refuse_unchecked(rt.config.integrity)
     target = _uri(uri)
     t0 = now()  # the caller is blocked from here (the target's check included)
-    await _check_target(storage, target)
+    if ready is None:
+        await _check_target(storage, target)
     if staging == "host":
         t_wait = now()
         async with area.claimed():  # one copy into the area at a time; then busy until written
             waited = now() - t_wait
-            return await _stage_and_write(rt, storage, area, target, state, metadata, progress, t0, waited)
+            return await _stage_and_write(
+                rt, storage, area, target, state, metadata, progress, t0, waited, ready
+            )
     executor = rt.executor()
     chunk = rt.config.chunk_size
     # in a thread: a state of 10 000 tensors takes 0.2 s to lay out, the loop's time else
     p = await run_blocking(executor, plan, target, state, chunk, metadata)
+    if ready is not None:
+        await ready()
+        await _check_target(storage, target)
     copied = tuple(t.leaf.name for t in p.tensors if not t.contiguous)
     views, (prefix, expected, prepass) = await run_blocking(executor, _views_and_header, p, chunk)
     data = [memoryview(prefix), *views]
@@ -246,6 +270,7 @@ async def _stage_and_write(
     progress: ProgressFn | None,
     t0: float,
     waited: float,
+    ready: Ready | None,
 ) -> StagedSave:
     chunk = rt.config.chunk_size
     threads = rt.budget.blocked_threads  # the caller waits for this copy: every core of its share
@@ -262,6 +287,9 @@ async def _stage_and_write(
     p, view, bins, inline_s = await run_blocking(rt.executor(), lay_out)
     t_copy = now()
     await copy_shared(bins, rt.executor())
+    if ready is not None:
+        await ready()
+        await _check_target(storage, uri)
     copied = tuple(t.leaf.name for t in p.tensors if not t.contiguous)
     blocked = now() - t0
     copy_s = inline_s + now() - t_copy
@@ -353,8 +381,8 @@ async def load_state(
     read_chunk_size: int | None = None,
     defeat_cache: bool = True,
     progress: ProgressFn | None = None,
-    keys: str | Sequence[str] | None = None,
-    prefix: str | Sequence[str] | None = None,
+    keys: str | Collection[str] | None = None,
+    prefix: str | Collection[str] | None = None,
 ) -> StateLoadResult:
     """Load a safetensors object into a nested state; see ``AsyncCheckpointer.load_state``.
 
@@ -405,7 +433,10 @@ async def load_state(
         rt, storage, target, take, num_readers=num_readers, read_chunk_size=read_chunk_size,
         defeat_cache=defeat_cache, progress=progress, known=known,
     )  # fmt: skip
-    state = await run_blocking(executor, _finish_load, dests, meta, target, tree if ours else None, into)
+    partial = keys is not None or prefix is not None
+    state = await run_blocking(
+        executor, _finish_load, dests, meta, target, tree if ours else None, None if partial else into
+    )
     if manifest is not None:
         read_chunks = manifest.chunks if known.spans is None else -(-load.size_bytes // chunk)
         how = f"CRC32C of the header and of {read_chunks} chunk(s) of {chunk} bytes"
@@ -434,7 +465,7 @@ def _finish_load(
     _complete_all([d for d in dests if d.finish is not None])
     arrays = {d.entry.name: d.result for d in dests}
     for name, (global_shape, offsets) in decode_boxes(meta, uri).items():
-        if name in arrays:  # a sharded leaf comes back as the box it was saved as
+        if name in arrays and not is_dtensor(arrays[name]):  # a box comes back as it was saved
             arrays[name] = Shard(global_shape, offsets, arrays[name])
     return arrays if tree is None else _rebuild(tree, arrays, into)
 
@@ -495,23 +526,29 @@ def _prepare_load(
     as_torch: bool,
     verify: bool,
     chunk: int,
-    keys: str | Sequence[str] | None,
-    prefix_keys: str | Sequence[str] | None,
+    keys: str | Collection[str] | None,
+    prefix_keys: str | Collection[str] | None,
 ) -> tuple[Any, int, Manifest | None, list[Destination], Known, _Scatter]:
     """(tree, chunk size, manifest to verify against, destinations, what the reads know, the
     scatter of their bytes); blocking: a header of 10 000 tensors takes 0.1 s to check and bind."""
-    chosen = select.select([e.name for e in header.tensors], keys, prefix_keys)
     saved_chunk = chunk  # the object's own checksum chunk when it records one
     tree: Any = None
     manifest: Manifest | None = None
+    paths: dict[tuple[Key, ...], str] | None = None
+    crcs: Any = None
     if is_ours(header.metadata):
         tree, saved_chunk, crcs = asyncckpt_metadata(header.metadata, uri)
+        paths = tensor_paths(tree) if into is not None else None
+    values = select.value_paths(tree) if tree is not None and keys is not None else set()
+    chosen = select.select([e.name for e in header.tensors], keys, prefix_keys, values)
+    if tree is not None:
         if verify:
             manifest = header_manifest(prefix, header, uri, saved_chunk, crcs)
         if chosen is not None:
             tree = select.prune(tree, chosen)
     entries = [e for e in header.tensors if chosen is None or e.name in chosen]
-    dests = _destinations(entries, into, as_torch)
+    names = {e.name for e in header.tensors}
+    dests = _destinations(entries, names, paths, into, as_torch, decode_boxes(header.metadata, uri), uri)
     known = Known(
         manifest=manifest or chunks.manifest_of(uri, header.size, chunk, ()),
         size=header.size,
@@ -533,26 +570,66 @@ def _spans(
 
 
 def _destinations(
-    entries: Sequence[TensorEntry], into: Mapping[Any, Any] | None, as_torch: bool
+    entries: Sequence[TensorEntry],
+    saved: set[str],
+    paths: Mapping[tuple[Key, ...], str] | None,
+    into: Mapping[Any, Any] | None,
+    as_torch: bool,
+    boxes: Mapping[str, Box],
+    uri: str,
 ) -> list[Destination]:
     if into is None:
         ml = dtypes.optional_module("ml_dtypes")
         return [allocate(e, as_torch=as_torch, ml_dtypes=ml) for e in entries]
     _, leaves = flatten(into)
-    by_name: dict[str, Leaf] = {leaf.name: leaf for leaf in leaves}
-    names = {e.name for e in entries}
-    extra = [path_text(leaf.path) for leaf in leaves if leaf.name not in names]
+    by_name, unknown = match_leaves(leaves, paths)
+    # a partial load fills the chosen tensors and leaves the rest of into= alone
+    extra = unknown if paths is not None else [leaf for leaf in leaves if leaf.name not in saved]
     if extra:
-        raise ConfigError(f"into: {', '.join(extra[:5])} not in the checkpoint (or not chosen)")
+        listed = ", ".join(path_text(leaf.path) for leaf in extra[:5])
+        raise ConfigError(f"into: {listed} not in the checkpoint{_where_saved(extra, paths)}")
     missing = [e.name for e in entries if e.name not in by_name]
     if missing:
         raise ConfigError(f"into lacks the checkpoint's tensor(s) {missing[:5]}")
-    return [bind(e, _local(by_name[e.name].value), path_text(by_name[e.name].path)) for e in entries]
+    return [_bind(e, by_name[e.name], boxes.get(e.name), uri) for e in entries]
 
 
-def _local(value: Any) -> Any:
-    """The array an ``into=`` leaf is filled through (a Shard's own data)."""
-    return value.data if isinstance(value, Shard) else value
+def _where_saved(unknown: Sequence[Leaf], paths: Mapping[tuple[Key, ...], str] | None) -> str:
+    """Where the checkpoint has a tensor of the dotted name of an unmatched leaf (``{"a.b": x}``
+    for ``{"a": {"b": y}}``), said so: a different leaf, never loaded into this one."""
+    if not paths:
+        return ""
+    by_name = {name: path for path, name in paths.items()}
+    near = [(leaf, by_name[leaf.name]) for leaf in unknown if leaf.name in by_name]
+    if not near:
+        return ""
+    leaf, path = near[0]
+    return (
+        f" (it has {leaf.name!r} at {path_text(path)}, a different leaf: into= is matched by "
+        "where each leaf sits)"
+    )
+
+
+def _bind(e: TensorEntry, leaf: Leaf, saved: Box | None, uri: str) -> Destination:
+    """``into=``'s leaf as the destination of ``e``; a DTensor or Shard must stand for the box
+    the object holds (ConfigError naming both, before any tensor byte is read)."""
+    where = path_text(leaf.path)
+    box = dest_box(leaf.value)
+    if box is None:
+        return bind(e, leaf.value, where)
+    global_shape, offsets = saved if saved is not None else (e.shape, (0,) * len(e.shape))
+    mine = (tuple(box.global_shape), tuple(box.offsets), box.shape)
+    if mine != (tuple(global_shape), tuple(offsets), tuple(e.shape)):
+        raise ConfigError(
+            f"into: {where} is the box at offsets {list(box.offsets)}, shape {list(box.shape)} of a "
+            f"{list(box.global_shape)} tensor; {uri!r} holds {e.name!r} at offsets {list(offsets)}, "
+            f"shape {list(e.shape)} of {list(global_shape)}: load the step with load_step, which "
+            "reads each rank's box from the objects that hold it"
+        )
+    d = bind(e, box.data, where)
+    if is_dtensor(leaf.value):  # handed back as the caller's DTensor, filled
+        d.result = leaf.value
+    return d
 
 
 class _Scatter:

@@ -155,3 +155,48 @@ def unflatten(tree: object, tensors: Mapping[str, Any]) -> Any:
     if missing:
         raise StateFormatError(f"asyncckpt.tree does not place tensor(s) {missing[:5]}")
     return state
+
+
+def tensor_paths(tree: object) -> dict[tuple[Key, ...], str]:
+    """Where each tensor of a saved tree sits: ``{path: tensor name}`` (a malformed node is
+    passed over here; :func:`unflatten` names it)."""
+    out: dict[tuple[Key, ...], str] = {}
+
+    def walk(node: object, path: tuple[Key, ...]) -> None:
+        if not isinstance(node, dict) or len(path) > MAX_DEPTH:
+            return
+        if "tensor" in node:
+            if isinstance(node["tensor"], str):
+                out[path] = node["tensor"]
+            return
+        for kind, body in node.items():
+            if kind in ("list", "tuple") and isinstance(body, list):
+                for i, item in enumerate(body):
+                    walk(item, (*path, i))
+            elif kind == "dict" and isinstance(body, list):
+                for pair in body:
+                    if isinstance(pair, list) and len(pair) == 2 and type(pair[0]) in (str, int):
+                        walk(pair[1], (*path, pair[0]))
+
+    walk(tree, ())
+    return out
+
+
+def match_leaves(
+    leaves: Sequence[Leaf], paths: Mapping[tuple[Key, ...], str] | None
+) -> tuple[dict[str, Leaf], list[Leaf]]:
+    """(``{tensor name: into= leaf}``, the leaves no saved tensor sits at). With the saved
+    tree's ``paths`` a leaf is matched by where it sits, never by its dotted name alone:
+    ``{"a.b": x}`` and ``{"a": {"b": y}}`` are different leaves. Without (another writer's
+    flat file) by its dotted name."""
+    if paths is None:
+        return {leaf.name: leaf for leaf in leaves}, []
+    found: dict[str, Leaf] = {}
+    unknown: list[Leaf] = []
+    for leaf in leaves:
+        name = paths.get(leaf.path)
+        if name is None:
+            unknown.append(leaf)
+        else:
+            found[name] = leaf
+    return found, unknown

@@ -54,7 +54,7 @@ class StepIndex:
 
 def build(objects: Sequence[str], layouts: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
     """The index record of a step from each rank's object layout (``StateSaveResult.layout``);
-    ConfigError when the ranks' shards of a tensor disagree or do not tile it."""
+    ConfigError when the ranks' shards of a tensor disagree, overlap or do not tile it."""
     tensors: dict[str, dict[str, Any]] = {}
     local: list[dict[str, Any]] = []
     for obj, layout in enumerate(layouts):
@@ -88,6 +88,7 @@ def build(objects: Sequence[str], layouts: Sequence[Sequence[Mapping[str, Any]]]
                 t["boxes"].append(box)
         local.append(mine)
     for name, t in tensors.items():
+        _refuse_overlap(name, t)
         covered, whole = sum(math.prod(b["shape"]) for b in t["boxes"]), math.prod(t["global_shape"])
         if covered != whole:
             raise ConfigError(
@@ -102,6 +103,34 @@ def build(objects: Sequence[str], layouts: Sequence[Sequence[Mapping[str, Any]]]
         "tensors": tensors,
         "local": local,
     }
+
+
+def _refuse_overlap(name: str, t: Mapping[str, Any]) -> None:
+    """ConfigError naming two boxes of ``t`` that share elements (a load would take either
+    rank's values for them, and the ones they leave out could still sum to the whole)."""
+    boxes: list[Mapping[str, Any]] = t["boxes"]
+    if len(boxes) < 2 or not t["global_shape"]:
+        return
+    # sweep along the dimension the boxes are split most in: only boxes whose ranges there
+    # meet are compared (a row split compares neighbours only)
+    dim = max(range(len(t["global_shape"])), key=lambda d: len({b["offsets"][d] for b in boxes}))
+    order = sorted(boxes, key=lambda b: b["offsets"][dim])
+    for i, a in enumerate(order):
+        a_end = a["offsets"][dim] + a["shape"][dim]
+        for b in order[i + 1 :]:
+            if b["offsets"][dim] >= a_end:
+                break
+            if all(
+                bo < ao + an and ao < bo + bn
+                for ao, an, bo, bn in zip(a["offsets"], a["shape"], b["offsets"], b["shape"], strict=True)
+            ):
+                first, second = sorted((a, b), key=lambda x: int(x["object"]))
+                raise ConfigError(
+                    f"sharded tensor {name!r} {t['dtype']}{t['global_shape']}: rank {first['object']}'s box "
+                    f"(offsets {first['offsets']}, shape {first['shape']}) and rank {second['object']}'s "
+                    f"(offsets {second['offsets']}, shape {second['shape']}) overlap: each element must be "
+                    "saved by one box (a replica saves an empty one)"
+                )
 
 
 def _ints(value: Any) -> tuple[int, ...]:

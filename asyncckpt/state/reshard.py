@@ -21,7 +21,6 @@ import asyncio
 import bisect
 import contextlib
 import math
-import sys
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
@@ -34,6 +33,7 @@ from ..blocking import run_blocking
 from ..engine import dtypes
 from ..engine.header import asyncckpt_metadata, read_prefix, state_header
 from ..engine.load import Known, read
+from ..engine.manifest import Manifest
 from ..engine.pipeline import unwrap_group
 from ..engine.runtime import Runtime
 from ..engine.safetensors_format import TensorEntry
@@ -43,9 +43,9 @@ from ..sinks.router import StorageRouter
 from . import select
 from .api import restore_values
 from .arrays import allocate, byte_array
-from .flatten import flatten, is_torch_tensor, path_text, unflatten
+from .flatten import Key, flatten, is_torch_tensor, match_leaves, path_text, tensor_paths, unflatten
 from .index import Box, StepIndex, Tensor
-from .shard import Shard, is_dtensor
+from .shard import dest_box
 
 _KINDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 #: the least a thread is given of one read's copy-out: a hop costs 0.2-1.5 ms on the reference
@@ -109,15 +109,9 @@ def _kind(itemsize: int) -> Any:
 def _dest_of(t: Tensor, value: Any, where: str) -> tuple[tuple[int, ...], tuple[int, ...], Any, Any]:
     """(offsets, shape, local array or tensor, result) of an ``into=`` leaf; ConfigError on a
     global shape or dtype that is not the checkpoint's."""
-    if is_dtensor(value):
-        utils = sys.modules["torch.distributed.tensor._utils"]
-        global_shape = tuple(int(d) for d in value.shape)
-        shape, offsets = utils.compute_local_shape_and_global_offset(
-            value.shape, value.device_mesh, value.placements
-        )
-        local, code = value.to_local(), dtypes.from_torch(value.dtype, where).code
-    elif isinstance(value, Shard):
-        global_shape, offsets, local = tuple(value.global_shape), tuple(value.offsets), value.data
+    box = dest_box(value)
+    if box is not None:
+        global_shape, offsets, local = tuple(box.global_shape), tuple(box.offsets), box.data
         shape = tuple(int(d) for d in local.shape)
         code = _code(local, where)
     else:
@@ -140,9 +134,14 @@ def _code(array: Any, where: str) -> str:
 
 
 def wants(
-    tensors: Mapping[str, Tensor], into: Mapping[Any, Any] | None, as_torch: bool, chosen: set[str] | None
+    tensors: Mapping[str, Tensor],
+    into: Mapping[Any, Any] | None,
+    as_torch: bool,
+    chosen: set[str] | None,
+    paths: Mapping[tuple[Key, ...], str] | None = None,
 ) -> list[Want]:
-    """This rank's boxes (blocking: binds every leaf)."""
+    """This rank's boxes (blocking: binds every leaf); ``paths``: where the saved tree places
+    each tensor, which ``into=``'s leaves are matched by (None: by their dotted names)."""
     out = []
     if into is None:
         ml = dtypes.optional_module("ml_dtypes")
@@ -156,13 +155,17 @@ def wants(
                 out.append(Want(t, (0,) * len(t.global_shape), t.global_shape, dest, d.result))
         return out
     _, leaves = flatten(into)
-    for leaf in leaves:
+    by_name, unknown = match_leaves(leaves, paths)
+    if unknown:
+        leaf = unknown[0]
+        raise ConfigError(f"into: {path_text(leaf.path)} ({leaf.name!r}) is not in the checkpoint")
+    for name, leaf in by_name.items():
         where = path_text(leaf.path)
-        found = tensors.get(leaf.name)
+        found = tensors.get(name)
         if found is None:
-            raise ConfigError(f"into: {where} ({leaf.name!r}) is not in the checkpoint")
-        if chosen is not None and leaf.name not in chosen:
-            raise ConfigError(f"into: {where} ({leaf.name!r}) is not among the keys chosen")
+            raise ConfigError(f"into: {where} ({name!r}) is not in the checkpoint")
+        if chosen is not None and name not in chosen:
+            continue  # a partial load leaves the rest of into= alone
         offsets, shape, local, result = _dest_of(found, leaf.value, where)
         item = dtypes.lookup(found.dtype, found.name).itemsize
         dest = byte_array(local, f"into: {where}").view(_kind(item)).reshape(shape)
@@ -184,21 +187,42 @@ async def load(
     as_torch: bool = False,
     keys: object = None,
     prefix: object = None,
+    own: int = 0,
 ) -> tuple[Any, Reads]:
     """This rank's state of a step saved by any number of ranks: the sharded tensors' boxes
-    it needs, and rank 0's plain tensors and other values (a plain tensor is a per-rank
-    value: on another world size every rank gets rank 0's)."""
+    it needs, and object ``own``'s plain tensors and other values (a plain tensor is a
+    per-rank value: on the world size that saved the step each rank gets its own, on another
+    every rank gets rank 0's)."""
     select.check(keys, prefix)
-    tensors = {**index.local[0], **index.tensors}
-    chosen = select.select(list(tensors), keys, prefix)
+    if not 0 <= own < len(index.objects):
+        raise ConfigError(f"rank {own} has no object in a step of {len(index.objects)} ranks")
+    tensors = {**index.local[own], **index.tensors}
+    try:
+        chosen = select.select(list(tensors), keys, prefix)
+    except ConfigError:
+        if keys is None:
+            raise
+        # a key naming a value of the state (``step``) is told so, from the tree's header
+        _, _, tree = await object_header(rt, storage, f"{base}/{index.objects[own]}")
+        select.select(list(tensors), keys, prefix, select.value_paths(tree))
+        raise
     executor = rt.executor()
-    want_list, by_obj = await run_blocking(executor, _wants_and_plan, tensors, into, as_torch, chosen)
+    # into= is matched by where each leaf sits, which object ``own``'s tree says: its header
+    # first (read once: its boxes' reads below use it)
+    own_uri = f"{base}/{index.objects[own]}"
+    head = None if into is None else await object_header(rt, storage, own_uri)
+    first = None if head is None else head[2]
+    want_list, by_obj = await run_blocking(executor, _wants_and_plan, tensors, into, as_torch, chosen, first)
     reads = Reads(needed=needed_bytes(want_list))
     trees: dict[int, Any] = {}
     for obj in sorted(by_obj):  # popped: an object's temporaries go once it is read
-        trees[obj] = await read_object(rt, storage, f"{base}/{index.objects[obj]}", by_obj.pop(obj), reads)
-    # rank 0's header holds the tree: read again only by a rank that read none of its boxes
-    tree = trees[0] if 0 in trees else await _tree(storage, f"{base}/{index.objects[0]}")
+        known = head if obj == own else None
+        uri = f"{base}/{index.objects[obj]}"
+        trees[obj] = await read_object(rt, storage, uri, by_obj.pop(obj), reads, head=known)
+    # object ``own``'s header holds the tree: read again only if none of its boxes was read
+    tree = first if first is not None else trees.get(own)
+    if tree is None:
+        tree = await _tree(storage, own_uri)
     arrays = {w.tensor.name: w.result for w in want_list}
     state = await run_blocking(executor, _rebuild, tree, arrays, chosen, into)
     return state, reads
@@ -215,11 +239,15 @@ async def _tree(storage: StorageRouter, uri: str) -> Any:
 
 
 def _wants_and_plan(
-    tensors: Mapping[str, Tensor], into: Mapping[Any, Any] | None, as_torch: bool, chosen: set[str] | None
+    tensors: Mapping[str, Tensor],
+    into: Mapping[Any, Any] | None,
+    as_torch: bool,
+    chosen: set[str] | None,
+    tree: Any,
 ) -> tuple[list[Want], dict[int, _Spans]]:
     """This rank's boxes and, per object, where its reads land: one thread hop (blocking;
     each hop costs 0.2-1.5 ms on the reference VM, and a rank's load paid five of them)."""
-    want_list = wants(tensors, into, as_torch, chosen)
+    want_list = wants(tensors, into, as_torch, chosen, None if tree is None else tensor_paths(tree))
     return want_list, {obj: _Spans(copies) for obj, copies in plan(want_list).items()}
 
 
@@ -227,7 +255,7 @@ def _rebuild(
     tree: Any, arrays: Mapping[str, Any], chosen: set[str] | None, into: Mapping[Any, Any] | None
 ) -> Any:
     state = unflatten(select.prune(tree, chosen) if chosen is not None else tree, arrays)
-    if into is not None:
+    if into is not None and chosen is None:  # a partial load's tree holds placeholders only
         restore_values(into, state)
     return state
 
@@ -319,11 +347,8 @@ class _Spans:
         np.copyto(w.dest[where], src)
 
 
-async def read_object(
-    rt: Runtime, storage: StorageRouter, uri: str, temps: _Spans, reads: Reads, *, verify: bool = True
-) -> Any:
-    """Read the byte ranges ``temps``' copies need from one object, verified per checksum block,
-    and copy each intersection to its destination; the state tree its header holds."""
+async def object_header(rt: Runtime, storage: StorageRouter, uri: str) -> tuple[int, Manifest, Any]:
+    """(size, manifest, state tree) of one asyncckpt state object, from its header."""
     sink = await storage.handle(uri)
     try:
         sink.check()
@@ -338,7 +363,23 @@ async def read_object(
         await sink.aclose()
     if found is None:
         raise StateFormatError(f"{uri!r}: not an asyncckpt state object (no checksums to verify against)")
-    manifest, tree = found
+    return size, found[0], found[1]
+
+
+async def read_object(
+    rt: Runtime,
+    storage: StorageRouter,
+    uri: str,
+    temps: _Spans,
+    reads: Reads,
+    *,
+    verify: bool = True,
+    head: tuple[int, Manifest, Any] | None = None,
+) -> Any:
+    """Read the byte ranges ``temps``' copies need from one object, verified per checksum block,
+    and copy each intersection to its destination; the state tree its header holds. ``head``:
+    the object's :func:`object_header`, when already read."""
+    size, manifest, tree = head if head is not None else await object_header(rt, storage, uri)
     spans = select.spans([(c.first, c.last) for c in temps.copies], manifest.chunk_size, size)
     executor = rt.executor()
     threads = rt.budget.blocked_threads

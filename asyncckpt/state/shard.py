@@ -10,8 +10,10 @@ written by the rank at coordinate 0 of that dimension only, the others write an 
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,9 @@ from ..errors import ConfigError, StateFormatError
 
 #: header metadata of a state object: ``{name: [global shape, offsets]}`` of its sharded leaves
 K_SHARDS = "asyncckpt.shards"
+#: header metadata torch DCP's ``HuggingFaceStorageReader`` places a file's tensors by:
+#: ``{name: {"saved_offsets": offsets}}`` for every tensor of the file
+DCP_SHARDING_INFO = "DCP_SHARDING_INFO"
 
 
 @dataclass(frozen=True)
@@ -37,11 +42,14 @@ class Shard:
 
 
 def _ints(value: object) -> tuple[int, ...] | None:
+    """``value`` as a tuple of non-negative ints (Python's or NumPy's: ``np.int64`` from an
+    array's shape or a ``np.cumsum`` of split sizes), None if it is not one."""
     if not isinstance(value, (tuple, list)):
         return None
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value):
         return None
-    return tuple(value)
+    out = tuple(int(v) for v in value)
+    return out if all(v >= 0 for v in out) else None
 
 
 def check_box(
@@ -105,7 +113,38 @@ def dtensor_box(value: Any, where: str) -> Shard:
     return Shard(tuple(int(d) for d in value.shape), tuple(int(o) for o in offsets), local)
 
 
+def dest_box(value: object) -> Shard | None:
+    """The box an ``into=`` leaf stands for: a DTensor's local tensor where its mesh places
+    it (a replica's box is its whole copy), a :class:`Shard` as it is; None for anything else."""
+    if isinstance(value, Shard):
+        return value
+    if not is_dtensor(value):
+        return None
+    utils = sys.modules["torch.distributed.tensor._utils"]  # loaded with torch.distributed.tensor
+    d: Any = value
+    _, offsets = utils.compute_local_shape_and_global_offset(d.shape, d.device_mesh, d.placements)
+    return Shard(tuple(int(n) for n in d.shape), tuple(int(o) for o in offsets), d.to_local())
+
+
 Box = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def dcp_sharding_info(tensors: Sequence[tuple[str, tuple[int, ...], Box | None]]) -> str:
+    """``DCP_SHARDING_INFO`` of an object's tensors (name, local shape, box or None): where
+    each lies in its global tensor, as DCP's ``HuggingFaceStorageReader`` reads it (it takes a
+    tensor's global shape as the largest box end). An empty box (a replica's) is placed at the
+    tensor's end: at its offsets it would take the place of the box that holds the elements
+    (DCP keys a file's piece by name and offsets)."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for name, shape, box in tensors:
+        if box is None:
+            offsets: Sequence[int] = (0,) * len(shape)
+        elif math.prod(shape) == 0:
+            offsets = box[0]
+        else:
+            offsets = box[1]
+        out[name] = {"saved_offsets": list(offsets)}
+    return json.dumps(out, separators=(",", ":"))
 
 
 def encode_boxes(boxes: Mapping[str, Box]) -> str:
