@@ -9,11 +9,15 @@ reads is uploaded through the JSON API, and the JSON API (standard library, resu
 of ``--part-size`` chunks, one at a time) is measured as the writer a backend could use. The
 row ``asyncckpt gcs`` is asyncckpt's ``gs://`` backend itself (its sink, made as a checkpointer
 makes it: open, ``write_part`` per part, ``complete``; one ``read_into`` of the whole object),
-beside that same protocol spoken directly.
+beside that same protocol spoken directly. ``--with-saves`` adds a row per backend of what a
+user runs: ``AsyncCheckpointer.save(uri, data=...)`` and a verified ``load`` (the whole pipeline,
+the per-chunk CRC32C, a writer process where the backend needs one).
 Client and emulator share this machine's cores, and the emulators are slow by design:
 compare rows of one run, never absolutes across machines.
 
     python benchmarks/bench_azure_gcs_clients.py --size 256MiB --part-size 8MiB --in-flight 4 --repeat 5
+    python benchmarks/bench_azure_gcs_clients.py --size 256MiB --part-size 8MiB --in-flight 4 \
+        --repeat 5 --with-saves
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ import argparse
 import asyncio
 import http.client
 import json
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 import dgen_py
@@ -36,13 +41,15 @@ import obstore
 from _common import bootstrap_ci, emit
 from obstore.store import AzureStore, GCSStore
 
-from asyncckpt.env import exported
+from asyncckpt import AsyncCheckpointer
+from asyncckpt.env import AZURE_VARIABLES, export, exported
 from asyncckpt.servers.azurite import AzureEndpoint, AzuriteServer
 from asyncckpt.servers.gcs_emulator import GcsEmulator, GcsEndpoint
 from asyncckpt.sinks import Sink, SinkOptions, make_sink
 from asyncckpt.units import parse_size
 
 HTTP = {"allow_http": True}
+T = TypeVar("T")
 
 
 @dataclass
@@ -186,6 +193,66 @@ def asyncckpt_gcs_row(ep: GcsEndpoint, bucket: str, part: int, executor: ThreadP
     )
 
 
+def asyncckpt_save_rows(
+    az: AzureEndpoint, container: str, gcs: GcsEndpoint, bucket: str, part: int, inflight: int
+) -> list[Row]:
+    """What a user measures: ``AsyncCheckpointer.save(uri, data=...)`` (the whole pipeline:
+    per-chunk CRC32C sealed into the object, the backend's writer process where it needs one)
+    and ``load(uri)`` (verified), one checkpointer per call, through each backend that serves
+    the emulator. Its put/get sit beside the same client's direct rows above."""
+    azure = {"endpoint_url": az.account_url}  # the account and its key: the variables exported
+    # s3dlio has no account-key mode: its user gives a SAS, and no key beside it
+    sas_only: dict[str, str | None] = {
+        name: None for key in ("account_key", "connection_string") for name in AZURE_VARIABLES[key]
+    }
+    sas_only["AZURE_STORAGE_SAS_TOKEN"] = az.sas().reveal()
+    targets: list[tuple[str, str, str, dict[str, Any], dict[str, str | None]]] = [
+        ("azure", "obstore-azure", f"az://{container}/", azure, {}),
+        ("azure", "s3dlio-azure", f"az://{container}/", azure, sas_only),
+        ("gcs", "gcs", f"gs://{bucket}/", {"endpoint_url": gcs.url}, {}),
+    ]
+
+    def checkpointer(backend: str, options: dict[str, Any]) -> AsyncCheckpointer:
+        return AsyncCheckpointer(
+            chunk_size=part, max_in_flight=inflight, backend=backend, backend_options=options
+        )
+
+    def run(variables: dict[str, str | None], call: Coroutine[Any, Any, T]) -> T:
+        saved = {name: os.environ.get(name) for name in variables}
+        export(variables)
+        try:
+            return asyncio.run(call)
+        finally:
+            export(saved)
+
+    def row(
+        store: str, backend: str, base: str, options: dict[str, Any], variables: dict[str, str | None]
+    ) -> Row:
+        async def put(key: str, data: bytes) -> None:
+            async with checkpointer(backend, options) as c:
+                await c.save(base + key, data=data)
+
+        async def get(key: str) -> int:
+            async with checkpointer(backend, options) as c:
+                return (await c.load(base + key)).size_bytes
+
+        async def delete(key: str) -> None:
+            async with checkpointer(backend, options) as c:
+                await c.delete(base + key)
+
+        return Row(
+            store,
+            f"asyncckpt save/load ({backend})",
+            lambda key, data: run(variables, put(key, data)),
+            lambda key: run(variables, get(key)),
+            lambda key: run(variables, delete(key)),
+            f"AsyncCheckpointer(backend={backend!r}, chunk_size={part}, max_in_flight={inflight}): "
+            "save(data=...) with per-chunk CRC32C; load() verified",
+        )
+
+    return [row(*target) for target in targets]
+
+
 def timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
@@ -198,6 +265,11 @@ def main() -> None:
     ap.add_argument("--part-size", default="8MiB")
     ap.add_argument("--in-flight", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument(
+        "--with-saves",
+        action="store_true",
+        help="also rows of AsyncCheckpointer.save/load (the whole pipeline) through each backend",
+    )
     args = ap.parse_args()
     size, part = parse_size(args.size), parse_size(args.part_size)
     data = bytearray(size)
@@ -212,6 +284,10 @@ def main() -> None:
         gcs_bucket = gcs.create_bucket("bench")
         rows += gcs_rows(gcs, gcs_bucket, part)
         rows.append(asyncckpt_gcs_row(gcs, gcs_bucket, part, stack.enter_context(ThreadPoolExecutor(4))))
+        if args.with_saves:
+            rows += asyncckpt_save_rows(
+                az, az.create_container("saves"), gcs, gcs_bucket, part, args.in_flight
+            )
         for r in range(args.repeat):
             for row in rows[r % len(rows) :] + rows[: r % len(rows)]:  # alternate, rotating order
                 key = f"obj-{r}"
