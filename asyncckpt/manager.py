@@ -464,7 +464,14 @@ class CheckpointManager:
     async def _prune(self, just_committed: int, previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await asyncio.wait([previous])
-        records = [r for r in await steps.committed_steps(self.ckpt, self.root) if r.step <= just_committed]
+        try:
+            found = await steps.committed_steps(self.ckpt, self.root)
+        except Exception as exc:  # no step deleted blind; wait() raises it, as a failed delete
+            self.stats.failed.append((just_committed, f"retention: could not list {self.root}: {exc}"))
+            self._unraised.append(exc)
+            log.warning("retention after step %d could not list %s: %s", just_committed, self.root, exc)
+            return
+        records = [r for r in found if r.step <= just_committed]
         for old in to_delete(self.retention, records, time.time()):
             try:
                 await steps.delete_step(self.ckpt, self.root, old)

@@ -410,3 +410,29 @@ def test_manager_refuses_bad_settings(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=match):
             CheckpointManager(tmp_path, **kwargs)
     assert names(tmp_path) == []  # nothing written
+
+
+async def test_a_listing_that_fails_during_retention_is_recorded_and_raised(
+    moto_endpoint: S3Endpoint,
+) -> None:
+    """Retention lists the root after each commit; a listing the store refuses was a failed
+    background task nobody read: nothing in stats, nothing raised, old steps silently kept."""
+    bucket = await asyncio.to_thread(new_bucket, moto_endpoint)
+    front = FaultyFront(moto_endpoint.endpoint, "deny", lambda line: False, times=1000)
+    url = await front.start()
+    options: dict[str, Any] = {"chunk_size": CHUNK, "num_buffers": 3, "backend": "aiobotocore"}
+    options["backend_options"] = moto_endpoint.options(endpoint_url=url)
+    try:
+        async with CheckpointManager(f"s3://{bucket}/run", keep_last=1, staging="none", **options) as mgr:
+            await mgr.maybe_save(1, state_of(1))
+            await mgr.wait()
+            front.match = lambda line: line.startswith("GET ") and "list-type=2" in line
+            await mgr.maybe_save(2, state_of(2))
+            with pytest.raises(StoragePermissionError):
+                await mgr.wait()
+            assert front.spoiled
+            assert [(step, why.split(":")[0]) for step, why in mgr.stats.failed] == [(2, "retention")]
+            front.match = lambda line: False
+    finally:
+        await front.stop()
+    assert mgr.stats.saved == [1, 2] and mgr.stats.deleted == []
