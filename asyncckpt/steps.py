@@ -22,6 +22,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from .blocking import run_blocking
@@ -32,6 +33,7 @@ from .errors import ConfigError, IntegrityError, StepNotCommittedError, TargetNo
 from .modes import StagingMode
 from .node.collectives import Collectives, get_collectives
 from .owner import Owner, boot_id, host
+from .sinks import local_path
 from .sinks.router import StorageRouter
 from .sinks.small import get_bytes, put_bytes
 from .state import index as step_index
@@ -77,7 +79,9 @@ OWNER = "OWNER.json"
 #: step numbers are below 2**63 (19 digits: a nanosecond clock fits), as torch's and
 #: NumPy's int64 step counters are
 STEP_LIMIT = 1 << 63
-_STEP = re.compile(r"^step-(\d{1,19})$")
+#: a step's directory: its number as ``step_uri`` writes it, without leading zeros (``step-007``
+#: beside ``step-7`` is someone else's directory, not step 7 again)
+_STEP = re.compile(r"^step-(0|[1-9]\d{0,18})$")
 
 
 @dataclass(frozen=True)
@@ -289,9 +293,21 @@ async def exists(ckpt: StepHost, uri: str) -> bool:
 
 # -- the public operations -----------------------------------------------------------------
 async def steps_under(ckpt: StepHost, root: str | os.PathLike[str]) -> list[int]:
-    """Every step number with a directory under ``root`` (committed or not), ascending."""
-    names = await _list(ckpt, check_root(root, ckpt.storage))
-    return sorted(n for m in map(_STEP.match, names) if m and (n := int(m[1])) < STEP_LIMIT)
+    """Every step number with a directory under ``root`` (committed or not), ascending. On
+    files a name like a step's that is not a directory (a stray file ``step-9``) is no step."""
+    base = check_root(root, ckpt.storage)
+    names = await _list(ckpt, base)
+    matched = {name: m for name in names if (m := _STEP.match(name))}
+    found = {name: n for name, m in matched.items() if (n := int(m[1])) < STEP_LIMIT}
+    where = local_path(base)
+    if where is not None and found:
+        directories = await run_blocking(ckpt.runtime.executor(), _directories, where, list(found))
+        found = {name: n for name, n in found.items() if name in directories}
+    return sorted(found.values())
+
+
+def _directories(where: Path, names: list[str]) -> set[str]:
+    return {name for name in names if (where / name).is_dir()}
 
 
 async def read_commit(ckpt: StepHost, root: str | os.PathLike[str], step: int) -> StepCommit | None:

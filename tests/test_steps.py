@@ -436,3 +436,23 @@ async def test_a_listing_that_fails_during_retention_is_recorded_and_raised(
     finally:
         await front.stop()
     assert mgr.stats.saved == [1, 2] and mgr.stats.deleted == []
+
+
+async def test_a_zero_padded_directory_or_a_stray_file_is_not_a_step(tmp_path: Path) -> None:
+    """``step-007`` beside ``step-7`` was step 7 again (listed twice, "deleted" twice), and a
+    file named ``step-9`` stopped the manager: stat 'step-9/COMMITTED.json': Not a directory."""
+    options: dict[str, Any] = {"chunk_size": MiB, "num_buffers": 4}
+    async with CheckpointManager(tmp_path, **options) as mgr:
+        await mgr.maybe_save(7, state_of(7))
+    (tmp_path / "step-007").mkdir()
+    (tmp_path / "step-007" / "notes.txt").write_text("mine")
+    (tmp_path / "step-9").write_text("a file of mine")
+    async with files_ckpt() as ckpt:
+        assert await steps_under(ckpt, str(tmp_path)) == [7]
+    async with CheckpointManager(tmp_path, keep_last=1, **options) as mgr:
+        assert await mgr.restore() == 7
+        assert [c.step for c in await mgr.steps()] == [7]
+        await mgr.maybe_save(10, state_of(10))
+    assert mgr.stats.deleted == [7] and mgr.stats.left == [] and mgr.stats.failed == []
+    assert names(tmp_path) == ["step-007", "step-10", "step-9"]  # theirs, untouched
+    assert (tmp_path / "step-007" / "notes.txt").read_text() == "mine"
