@@ -118,9 +118,9 @@ class CheckpointManager:
         preempt_deadline_s: float = 30.0,
         on_preempt: OnPreempt = "raise",
         local: str | os.PathLike[str] | None = None,
-        keep_local: int = 2,
-        drain_when_busy: DrainWhenBusy = "queue",
-        max_queued_drains: int = 1,
+        keep_local: int | None = None,
+        drain_when_busy: DrainWhenBusy | None = None,
+        max_queued_drains: int | None = None,
         drain_bandwidth: float | None = None,
         **options: Any,
     ) -> None:
@@ -163,9 +163,25 @@ class CheckpointManager:
     def _tiers(
         self, local: object, keep_local: object, when_busy: object, max_queued: object, bandwidth: object
     ) -> Tiers | None:
-        """The local tier under this manager (``local=``), validated before any I/O."""
+        """The local tier under this manager (``local=``), validated before any I/O. Its
+        options without it are refused: the run would silently have no local tier."""
+        named = {
+            "keep_local": keep_local,
+            "drain_when_busy": when_busy,
+            "max_queued_drains": max_queued,
+            "drain_bandwidth": bandwidth,
+        }
         if local is None:
+            given = [f"{name}={value!r}" for name, value in named.items() if value is not None]
+            if given:
+                raise ConfigError(
+                    f"{', '.join(given)} set(s) the local tier, but no local= was given: add "
+                    "local='/nvme/run' (a local directory) or remove it"
+                )
             return None
+        keep_local = 2 if keep_local is None else keep_local
+        when_busy = "queue" if when_busy is None else when_busy
+        max_queued = 1 if max_queued is None else max_queued
         root = check_tiers(self.root, local, keep_local, self.ckpt)
         _positive("max_queued_drains", max_queued)
         return Tiers(

@@ -237,6 +237,25 @@ def test_bad_tier_input_is_refused_naming_it(tmp_path: Path, kwargs: dict[str, A
         CheckpointManager(tmp_path / "remote", **options)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"keep_local": 5}, r"keep_local=5 set\(s\) the local tier, but no local= was given"),
+        ({"drain_when_busy": "skip", "max_queued_drains": 3}, "drain_when_busy='skip', max_queued_drains=3"),
+        ({"drain_bandwidth": 1e6}, "drain_bandwidth=1000000.0"),
+        ({"keep_local": 0}, "keep_local=0"),
+    ],
+)
+def test_local_tier_options_without_local_are_refused_naming_them(
+    tmp_path: Path, kwargs: dict[str, Any], message: str
+) -> None:
+    """``keep_local=5`` without ``local=`` ran untiered without a word (the user believed the
+    steps were kept on the fast tier and drained)."""
+    with pytest.raises(ConfigError, match=message):
+        CheckpointManager(tmp_path / "remote", **OPTIONS, **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_file_given_as_the_local_tier_is_named_as_local(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("")
     with pytest.raises(ConfigError, match=r"local='.*/f': root '.*/f' is a file"):
