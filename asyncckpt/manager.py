@@ -321,16 +321,23 @@ class CheckpointManager:
             if await self.preempt.agree():  # every rank, every call: they save the same step
                 await self.save_now(step, state, metrics=metrics)
                 return True
-        if self.cadence.per_step and not self.cadence.due(step, now=0.0, last_start=None, busy=False):
+        milestone = self.retention.milestone(step)  # saved whatever the cadence: kept for ever
+        if (
+            self.cadence.per_step
+            and not milestone
+            and not self.cadence.due(step, now=0.0, last_start=None, busy=False)
+        ):
             self._reserve(state)
             return False
         await self.start()
         busy = bool(self._still_pending())
-        if not self.cadence.due(step, now=self.clock(), last_start=self._last_start, busy=busy):
+        if not milestone and not self.cadence.due(
+            step, now=self.clock(), last_start=self._last_start, busy=busy
+        ):
             self._reserve(state)
             return False
         if len(self._still_pending()) >= self.max_pending_saves:
-            if self.when_busy == "skip":
+            if self.when_busy == "skip" and not milestone:
                 self.stats.skipped.append(step)
                 return False
             t0 = now()

@@ -118,7 +118,8 @@ class RetentionPolicy:
     policy set, nothing is deleted.
 
     - ``keep_last``: the N newest committed steps.
-    - ``keep_every_n_steps``: milestones, steps divisible by N, kept forever.
+    - ``keep_every_n_steps``: milestones, steps divisible by N, kept forever (and saved by the
+      manager whatever its cadence).
     - ``best_n`` of ``best_metric``, lowest (``best_mode="min"``) or highest (``"max"``) first;
       ties go to the newer step. A step saved without that metric is never among the best.
     - ``keep_younger_than``: steps committed less than this many seconds ago.
@@ -144,6 +145,12 @@ class RetentionPolicy:
                 f"best_n and best_metric go together, got best_n={self.best_n!r}, "
                 f"best_metric={self.best_metric!r}"
             )
+
+    def milestone(self, step: int) -> bool:
+        """Whether ``step`` is one ``keep_every_n_steps`` keeps: the manager saves it even off
+        its cadence (``every_n_steps=300, keep_every_n_steps=1000`` saves 1000, 2000, ...),
+        since a milestone never saved is one the policy cannot keep."""
+        return self.keep_every_n_steps is not None and step % self.keep_every_n_steps == 0
 
     @property
     def active(self) -> bool:

@@ -63,6 +63,32 @@ async def test_a_record_without_metadata_stays_readable(tmp_path: Path) -> None:
     assert names(tmp_path) == ["step-2"] and mgr.stats.deleted == [1]
 
 
+async def test_milestones_off_the_cadence_are_saved_and_kept(tmp_path: Path) -> None:
+    """every_n_steps=3 with keep_every_n_steps=5: steps 5 and 10 were never saved (not
+    multiples of 3), so the milestone policy kept nothing and keep_last=1 left step 9 only."""
+    async with CheckpointManager(
+        tmp_path, every_n_steps=3, keep_every_n_steps=5, keep_last=1, **OPTIONS
+    ) as mgr:
+        started = [step for step in range(1, 12) if await mgr.maybe_save(step, state_of(step))]
+        await mgr.wait()
+    assert started == [3, 5, 6, 9, 10]
+    assert mgr.stats.deleted == [3, 6, 9]
+    assert names(tmp_path) == ["step-10", "step-5"]
+
+
+async def test_a_milestone_is_not_skipped_while_a_save_is_pending(tmp_path: Path) -> None:
+    ckpt = GatedCheckpointer(**OPTIONS)
+    async with (
+        ckpt,
+        CheckpointManager(tmp_path, when_busy="skip", keep_every_n_steps=2, checkpointer=ckpt) as mgr,
+    ):
+        assert await mgr.maybe_save(1, state_of(1))  # staged; its write waits at the gate
+        waiting = asyncio.create_task(mgr.maybe_save(2, state_of(2)))  # a milestone: it waits
+        ckpt.gate.set()
+        assert await waiting
+    assert mgr.stats.skipped == [] and mgr.stats.saved == [1, 2] and [s for s, _ in mgr.stats.waited] == [2]
+
+
 async def test_every_seconds_follows_the_injected_clock(tmp_path: Path) -> None:
     clock = [1000.0]
     async with CheckpointManager(tmp_path, every_seconds=60, clock=lambda: clock[0], **OPTIONS) as mgr:
