@@ -317,9 +317,70 @@ async def read_commit(ckpt: StepHost, root: str | os.PathLike[str], step: int) -
     if record is None:
         return None
     try:  # fields a later version added are passed over: a newer record stays readable
-        return StepCommit(**{k: v for k, v in record.items() if k in _RECORD_FIELDS})
+        commit = StepCommit(**{k: v for k, v in record.items() if k in _RECORD_FIELDS})
     except TypeError as exc:
         raise IntegrityError(f"{uri!r} is not a commit record: {exc}") from None
+    _check_fields(uri, commit)
+    return commit
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_fields(uri: str, commit: StepCommit) -> None:
+    """Each field of a commit record read back has its type (a record edited by hand, or
+    written by something else): IntegrityError naming the field, not a TypeError later."""
+    world = commit.world_size
+    per_rank = f"a list of {world} " if _is_int(world) else "a list of "
+    wrong = [
+        (name, what)
+        for name, what, ok in (
+            ("step", "a non-negative integer", _is_int(commit.step) and commit.step >= 0),
+            ("world_size", "a positive integer", _is_int(world) and world >= 1),
+            (
+                "objects",
+                per_rank + "object names",
+                isinstance(commit.objects, list)
+                and len(commit.objects) == world
+                and all(isinstance(o, str) and o for o in commit.objects),
+            ),
+            (
+                "sizes",
+                per_rank + "byte counts",
+                isinstance(commit.sizes, list)
+                and len(commit.sizes) == world
+                and all(_is_int(n) and n >= 0 for n in commit.sizes),
+            ),
+            (
+                "identities",
+                per_rank + "identities",
+                isinstance(commit.identities, list) and len(commit.identities) == world,
+            ),
+            (
+                "committed_at",
+                "seconds since the epoch",
+                isinstance(commit.committed_at, (int, float)) and not isinstance(commit.committed_at, bool),
+            ),
+            ("metadata", "an object or null", commit.metadata is None or isinstance(commit.metadata, dict)),
+            ("index", "a file name or null", commit.index is None or isinstance(commit.index, str)),
+            (
+                "checksums",
+                "an object of names to CRC32C strings, or null",
+                commit.checksums is None
+                or (
+                    isinstance(commit.checksums, dict)
+                    and all(isinstance(v, str) for v in commit.checksums.values())
+                ),
+            ),
+        )
+        if not ok
+    ]
+    if wrong:
+        name, what = wrong[0]
+        raise IntegrityError(
+            f"{uri!r} is not a commit record: field {name!r} must be {what}, got {getattr(commit, name)!r}"
+        )
 
 
 async def committed_steps(ckpt: StepHost, root: str | os.PathLike[str]) -> list[StepCommit]:

@@ -175,6 +175,19 @@ def test_ls_prints_a_table_and_json(tmp_path: Path) -> None:  # not async: it wa
     assert doc["steps"][0]["world_size"] == 1 and doc["steps"][0]["size_bytes"] > 400_000
 
 
+def test_ls_shows_a_metric_that_is_not_a_number(tmp_path: Path) -> None:
+    """A record written by something else (``"loss": "n/a"``): ls died in ``{v:g}`` with a
+    ValueError traceback."""
+    asyncio.run(two_steps(tmp_path))
+    path = tmp_path / "step-1" / COMMIT
+    record = json.loads(path.read_text())
+    record["metadata"]["metrics"] = {"loss": "n/a", "acc": 0.25}
+    path.write_text(json.dumps(record))
+    table = run_bench("ls", str(tmp_path), cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[2].endswith("acc=0.25 loss='n/a'")
+
+
 def test_ls_of_a_missing_root_is_one_line_and_rc_2(tmp_path: Path) -> None:
     run = run_bench("ls", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert run.returncode == 2 and "Traceback" not in run.stderr

@@ -15,6 +15,7 @@ from asyncckpt import (
     AsyncCheckpointer,
     CheckpointManager,
     ConfigError,
+    IntegrityError,
     StepNotCommittedError,
     StoragePermissionError,
 )
@@ -139,6 +140,34 @@ async def test_a_record_with_a_field_of_a_later_version_is_read(tmp_path: Path) 
         found = await read_commit(c, tmp_path, 3)
         assert found is not None and found.step == 3
         assert (await c.load_step(tmp_path)).step == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("sizes", "big", "field 'sizes' must be a list of 1 byte counts, got 'big'"),
+        ("sizes", [-1], "field 'sizes'"),
+        ("step", "3", "field 'step' must be a non-negative integer, got '3'"),
+        ("world_size", True, "field 'world_size' must be a positive integer"),
+        ("objects", ["a", "b"], "field 'objects' must be a list of 1 object names"),
+        ("committed_at", "today", "field 'committed_at'"),
+        ("metadata", [1], "field 'metadata' must be an object or null"),
+        ("index", 5, "field 'index'"),
+        ("checksums", {"asyncckpt-index.json": 5}, "field 'checksums'"),
+    ],
+)
+async def test_a_record_with_a_wrong_typed_field_is_refused_naming_it(
+    tmp_path: Path, field: str, value: object, named: str
+) -> None:
+    """A record edited by hand: ``sizes: "big"`` reached load_step's size check ("an object
+    of b"), ls died in ``sum()`` with a TypeError traceback."""
+    async with files_ckpt() as c:
+        await c.save_step(tmp_path, 3, state_of(3))
+        path = tmp_path / "step-3" / COMMIT
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, field: value}))
+        with pytest.raises(IntegrityError, match=named):
+            await read_commit(c, tmp_path, 3)
 
 
 async def test_bad_input_is_refused_before_any_io(tmp_path: Path) -> None:

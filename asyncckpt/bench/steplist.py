@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ..checkpointer import AsyncCheckpointer
@@ -56,9 +57,23 @@ def _row(entry: dict[str, Any]) -> tuple[object, ...]:
     if not entry["committed"]:
         return (entry["step"], "uncommitted", "", "", "", "", "")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(entry["committed_at"]))
-    metrics = " ".join(f"{k}={v:g}" for k, v in sorted(entry["metrics"].items()))
+    metrics = _metrics_text(entry["metrics"])
     version = entry["asyncckpt_version"] or "?"
     return (entry["step"], "committed", when, entry["world_size"], entry["size_bytes"], version, metrics)
+
+
+def _metrics_text(metrics: object) -> str:
+    """``loss=0.31 acc=0.9``; what is not a number (a record written by something else) as it
+    was recorded, never a crash of the whole listing."""
+    if not isinstance(metrics, Mapping):
+        return repr(metrics)
+    return " ".join(f"{k}={_metric(v)}" for k, v in sorted(metrics.items(), key=lambda kv: str(kv[0])))
+
+
+def _metric(value: object) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:g}"
+    return repr(value)
 
 
 async def _run(root: str, as_json: bool) -> int:
