@@ -222,6 +222,25 @@ async def test_error_table(
         assert "no-such-container" in text
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_store_error_is_one_line_with_the_servers_code_and_message(
+    azurite_endpoint: AzureEndpoint, backend: str
+) -> None:
+    """Azure's message ends in ``RequestId:`` and ``Time:`` lines (obstore-azure printed three
+    lines), and s3dlio's text gave ``404: <?xml version="1.0" ...?>`` and nothing of the error."""
+    opts = azure_options(azurite_endpoint, backend, max_attempts=1)
+    async with AsyncCheckpointer(chunk_size=PART, backend=backend, backend_options=opts) as ckpt:
+        with pytest.raises(TargetNotFoundError) as saving:
+            await ckpt.save("az://no-such-container/x.bin", 1000)
+        with pytest.raises(TargetNotFoundError) as listing:
+            async with CheckpointManager("az://no-such-container/run", checkpointer=ckpt) as mgr:
+                await mgr.restore()
+    for caught in (saving, listing):
+        text = str(caught.value)
+        assert "\n" not in text and "RequestId" not in text and "Time:" not in text and "<?xml" not in text
+        assert "ContainerNotFound: The specified container does not exist." in text, text
+
+
 @pytest.fixture
 def silent_port() -> Iterator[int]:
     """A port that completes TCP handshakes (the kernel's backlog) and never answers: what a
