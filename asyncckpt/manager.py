@@ -39,6 +39,7 @@ from .sinks import leftovers
 from .sinks.loops import orphaned
 from .steps import StepCommit
 from .tiers import Tiers, TierStats, check_tiers
+from .units import shown
 
 log = logging.getLogger("asyncckpt")
 
@@ -71,7 +72,7 @@ class ManagerStats:
 
 def _positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{name} must be a positive integer, got {shown(value)}")
 
 
 def _log_reserve_failure(task: asyncio.Task[int]) -> None:
@@ -139,6 +140,8 @@ class CheckpointManager:
         staging = modes.parse("staging", staging, StagingMode, fold=False)
         if checkpointer is not None and options:
             raise ConfigError("pass either checkpointer= or checkpointer options, not both")
+        if checkpointer is not None and not isinstance(checkpointer, AsyncCheckpointer):
+            raise ConfigError(f"checkpointer must be an AsyncCheckpointer, got {shown(checkpointer)}")
         self.ckpt = checkpointer if checkpointer is not None else AsyncCheckpointer(**options)
         self.root = steps.check_root(root, self.ckpt.storage)  # nothing allocated yet: no I/O
         self.tiers = self._tiers(local, keep_local, drain_when_busy, max_queued_drains, drain_bandwidth)

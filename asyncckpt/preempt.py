@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import signal
 import threading
 import time
@@ -29,6 +28,7 @@ from .engine.monitor import now
 from .errors import ConfigError, PreemptDeadlineError, PreemptedError
 from .modes import OnPreempt
 from .node.collectives import Collectives
+from .units import finite, shown
 
 #: what a process cannot catch: no handler would ever run
 UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
@@ -60,14 +60,10 @@ def check_signals(value: object) -> tuple[signal.Signals, ...]:
 
 
 def check_deadline(value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigError(f"preempt_deadline_s must be a positive number of seconds, got {value!r}")
-    return float(value)
+    number = finite(value)
+    if number is None or number <= 0:
+        raise ConfigError(f"preempt_deadline_s must be a positive number of seconds, got {shown(value)}")
+    return number
 
 
 @dataclass(frozen=True)

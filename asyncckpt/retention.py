@@ -10,7 +10,6 @@ but its errors and modes.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any, Protocol
 from . import modes
 from .errors import ConfigError
 from .modes import BestMode
+from .units import finite, shown
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -29,9 +29,9 @@ def _positive_int(name: str, value: object) -> None:
 def _positive_seconds(name: str, value: object) -> None:
     if value is None:
         return
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type,operator]
-        raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+    number = finite(value)
+    if number is None or number <= 0:
+        raise ConfigError(f"{name} must be a positive number of seconds, got {shown(value)}")
 
 
 def check_metrics(metrics: object) -> dict[str, float]:
@@ -47,8 +47,8 @@ def check_metrics(metrics: object) -> dict[str, float]:
         number = _number(value)
         if number is None:
             raise ConfigError(f"metric {key!r} must be a number, got {value!r}")
-        if not math.isfinite(number):  # JSON has no NaN or infinity
-            raise ConfigError(f"metric {key!r} must be finite, got {value!r}")
+        if finite(number) is None:  # JSON has no NaN or infinity; 10**400 is no float
+            raise ConfigError(f"metric {key!r} must be finite, got {shown(value)}")
         out[key] = number
     return out
 
@@ -175,10 +175,7 @@ class StepRecord(Protocol):
 def metric_of(record: StepRecord, name: str) -> float | None:
     """The step's recorded metric ``name``, or None when it was saved without it."""
     metrics = (record.metadata or {}).get("metrics")
-    value = metrics.get(name) if isinstance(metrics, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return value
+    return finite(metrics.get(name) if isinstance(metrics, Mapping) else None)
 
 
 def _best(policy: RetentionPolicy, records: Sequence[StepRecord]) -> Iterable[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,41 @@ def test_bad_policies_are_refused_before_any_io(tmp_path: Path, kwargs: dict[str
     with pytest.raises(ConfigError, match=message):
         CheckpointManager(root, **kwargs, **OPTIONS)
     assert not root.exists()
+
+
+HUGE = 10**400  # an int Python holds, a float cannot: float() and math.isfinite() overflow
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"checkpointer": 5}, "checkpointer must be an AsyncCheckpointer, got 5"),
+        ({"checkpointer": "fast"}, "checkpointer must be an AsyncCheckpointer, got 'fast'"),
+        ({"keep_younger_than": HUGE}, r"keep_younger_than must be a positive number of seconds, got 1000"),
+        ({"every_seconds": HUGE}, r"every_seconds must .*got 10000000000000000000\.\.\. \(401 characters\)"),
+        ({"save_on_signal": signal.SIGUSR1, "preempt_deadline_s": HUGE}, "preempt_deadline_s must be"),
+        ({"local": "LOCAL", "drain_bandwidth": HUGE}, "drain_bandwidth must be a positive number"),
+    ],
+)  # fmt: skip
+def test_a_wrong_type_or_a_huge_number_is_a_config_error_naming_it(
+    tmp_path: Path, kwargs: dict[str, Any], message: str
+) -> None:
+    """checkpointer=5 raised AttributeError ('int' object has no attribute 'storage'); seconds
+    of 10**400 raised OverflowError from math.isfinite."""
+    if kwargs.get("local") == "LOCAL":
+        kwargs = {**kwargs, "local": tmp_path / "local"}
+    with pytest.raises(ConfigError, match=message):
+        CheckpointManager(tmp_path / "run", **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_huge_counts_are_accepted_and_a_huge_metric_refused(tmp_path: Path) -> None:
+    async with CheckpointManager(tmp_path, keep_last=HUGE, keep_every_n_steps=HUGE, **OPTIONS) as mgr:
+        for step in (1, 2):
+            await mgr.maybe_save(step, state_of(step))
+        with pytest.raises(ConfigError, match=r"metric 'loss' must be finite, got 1000"):
+            await mgr.maybe_save(3, state_of(3), metrics={"loss": HUGE})
+    assert mgr.stats.saved == [1, 2] and mgr.stats.deleted == []
 
 
 async def test_bad_metrics_are_refused_before_any_io(tmp_path: Path) -> None:
