@@ -30,7 +30,7 @@ from typing import Any
 from . import modes, steps
 from .checkpointer import AsyncCheckpointer
 from .engine.monitor import now
-from .errors import CollectiveError, ConfigError, NoSpaceError
+from .errors import CollectiveError, ConfigError, IntegrityError, NoSpaceError
 from .modes import BestMode, DrainWhenBusy, OnPreempt, StagingMode, WhenBusy
 from .node.collectives import Collectives, get_collectives
 from .preempt import Preemption, PreemptRecord
@@ -63,7 +63,8 @@ class ManagerStats:
     waited: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds waited for a save)
     deleted: list[int] = field(default_factory=list)  # committed steps no retention rule kept
     cleaned: list[int] = field(default_factory=list)  # uncommitted steps removed: dead owners', failed saves'
-    left: list[tuple[int, str]] = field(default_factory=list)  # uncommitted steps kept, and why
+    #: uncommitted steps kept, and steps whose commit record is unreadable, and why
+    left: list[tuple[int, str]] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)  # saves or deletes that failed
     abandoned: list[int] = field(default_factory=list)  # saves whose event loop ended before they committed
     preempted: PreemptRecord | None = None  # the save a preemption signal (or save_now) made
@@ -491,13 +492,16 @@ class CheckpointManager:
         if previous is not None:
             await asyncio.wait([previous])
         try:
-            found = await steps.committed_steps(self.ckpt, self.root)
+            found = await steps.step_records(self.ckpt, self.root)
         except Exception as exc:  # no step deleted blind; wait() raises it, as a failed delete
             self.stats.failed.append((just_committed, f"retention: could not list {self.root}: {exc}"))
             self._unraised.append(exc)
             log.warning("retention after step %d could not list %s: %s", just_committed, self.root, exc)
             return
-        records = [r for r in found if r.step <= just_committed]
+        for step, damaged in found:  # kept: retention cannot judge it, and it may be all someone has
+            if isinstance(damaged, IntegrityError):
+                self._unreadable(step, damaged)
+        records = [r for _, r in found if isinstance(r, StepCommit) and r.step <= just_committed]
         for old in to_delete(self.retention, records, time.time()):
             try:
                 await steps.delete_step(self.ckpt, self.root, old)
@@ -530,9 +534,19 @@ class CheckpointManager:
         else:
             self.stats.cleaned.append(step)
 
+    def _unreadable(self, step: int, exc: IntegrityError) -> None:
+        """A step whose commit record cannot be read: kept, listed in ``stats.left`` once."""
+        why = f"commit record unreadable, kept: {exc}"
+        if (step, why) not in self.stats.left:
+            self.stats.left.append((step, why))
+            log.warning("step %d under %s: %s", step, self.root, why)
+
     async def _clean_uncommitted(self) -> None:
-        for step in await steps.steps_under(self.ckpt, self.root):
-            if await steps.read_commit(self.ckpt, self.root, step) is not None:
+        for step, record in await steps.step_records(self.ckpt, self.root):
+            if isinstance(record, IntegrityError):
+                self._unreadable(step, record)
+                continue
+            if record is not None:
                 continue
             owner = await steps.owner_of(self.ckpt, self.root, step)
             if owner is None:

@@ -383,6 +383,21 @@ def _check_fields(uri: str, commit: StepCommit) -> None:
         )
 
 
+async def step_records(
+    ckpt: StepHost, root: str | os.PathLike[str]
+) -> list[tuple[int, StepCommit | IntegrityError | None]]:
+    """Every step under ``root``, ascending, with its commit record: None when it has none
+    (uncommitted), the IntegrityError when it cannot be read (damaged, edited by hand), so a
+    caller can pass over such a step, keep it and say so, rather than fail for all of them."""
+    out: list[tuple[int, StepCommit | IntegrityError | None]] = []
+    for step in await steps_under(ckpt, root):
+        try:
+            out.append((step, await read_commit(ckpt, root, step)))
+        except IntegrityError as exc:
+            out.append((step, exc))
+    return out
+
+
 async def committed_steps(ckpt: StepHost, root: str | os.PathLike[str]) -> list[StepCommit]:
     """The commit record of every committed step under ``root``, ascending by step."""
     found = [await read_commit(ckpt, root, step) for step in await steps_under(ckpt, root)]

@@ -224,6 +224,35 @@ def test_ls_shows_a_metric_that_is_not_a_number(tmp_path: Path) -> None:
     assert table.stdout.splitlines()[2].endswith("acc=0.25 loss='n/a'")
 
 
+async def test_a_step_whose_record_is_unreadable_is_kept_and_said_so(tmp_path: Path) -> None:
+    """Its record damaged, step 1 stopped the manager's start (IntegrityError); were it read,
+    retention would judge it. It is kept and listed in stats.left, and later steps are pruned."""
+    async with CheckpointManager(tmp_path, **OPTIONS) as mgr:
+        await mgr.maybe_save(1, state_of(1))
+    (tmp_path / "step-1" / COMMIT).write_text('{"step": 1, "world_size": ')  # cut short
+    async with CheckpointManager(tmp_path, keep_last=1, **OPTIONS) as mgr:
+        for step in (2, 3):
+            await mgr.maybe_save(step, state_of(step))
+    assert mgr.stats.saved == [2, 3] and mgr.stats.deleted == [2] and mgr.stats.failed == []
+    assert [step for step, _ in mgr.stats.left] == [1] and "unreadable" in mgr.stats.left[0][1]
+    assert names(tmp_path) == ["step-1", "step-3"]
+
+
+def test_ls_lists_an_unreadable_step_and_exits_1(tmp_path: Path) -> None:
+    asyncio.run(two_steps(tmp_path))
+    (tmp_path / "step-1" / COMMIT).write_text("not json")
+    table = run_bench("ls", str(tmp_path), cwd=tmp_path)
+    assert table.returncode == 1 and "Traceback" not in table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[2].split() == ["1", "unreadable"] and lines[3].split()[:2] == ["2", "committed"]
+    assert lines[-1] == f"2 step(s) under {tmp_path}, 1 committed, 1 unreadable"
+    assert table.stderr.startswith("asyncckpt.bench ls: step 1:") and "not a JSON record" in table.stderr
+    listing = run_bench("ls", str(tmp_path), "--json", cwd=tmp_path)
+    assert listing.returncode == 1
+    first = json.loads(listing.stdout)["steps"][0]
+    assert first["step"] == 1 and not first["committed"] and "not a JSON record" in first["unreadable"]
+
+
 def test_ls_of_a_missing_root_is_one_line_and_rc_2(tmp_path: Path) -> None:
     run = run_bench("ls", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert run.returncode == 2 and "Traceback" not in run.stderr

@@ -1,22 +1,24 @@
 """``python -m asyncckpt.bench ls ROOT [--json]``: the steps under a manager's root, for people.
 
 Reads only: each step's commit record (world size, time, sizes, and the metadata the manager
-recorded: metrics, asyncckpt version). A step without a record is listed as uncommitted.
+recorded: metrics, asyncckpt version). A step without a record is listed as uncommitted; one
+whose record cannot be read as unreadable, its reason on stderr, and the exit status is 1.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from ..checkpointer import AsyncCheckpointer
-from ..errors import TargetNotFoundError
+from ..errors import IntegrityError, TargetNotFoundError
 from ..results.text import format_table
 from ..sinks import local_path
-from ..steps import StepCommit, check_root, read_commit, steps_under
+from ..steps import StepCommit, check_root, step_records
 from .parsing import Parser
 
 LS = (
@@ -38,7 +40,9 @@ def ls_main(argv: list[str]) -> int:
     return asyncio.run(_run(args.root, args.json))
 
 
-def _entry(step: int, record: StepCommit | None) -> dict[str, Any]:
+def _entry(step: int, record: StepCommit | IntegrityError | None) -> dict[str, Any]:
+    if isinstance(record, IntegrityError):  # listed, not the end of the listing
+        return {"step": step, "committed": False, "unreadable": str(record)}
     if record is None:
         return {"step": step, "committed": False}
     meta = record.metadata or {}
@@ -54,6 +58,8 @@ def _entry(step: int, record: StepCommit | None) -> dict[str, Any]:
 
 
 def _row(entry: dict[str, Any]) -> tuple[object, ...]:
+    if "unreadable" in entry:
+        return (entry["step"], "unreadable", "", "", "", "", "")
     if not entry["committed"]:
         return (entry["step"], "uncommitted", "", "", "", "", "")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(entry["committed_at"]))
@@ -82,13 +88,18 @@ async def _run(root: str, as_json: bool) -> int:
         where = local_path(base)
         if where is not None and not where.is_dir():  # a mistyped root says so (a prefix cannot)
             raise TargetNotFoundError(f"no directory {base!r}")
-        entries = [_entry(s, await read_commit(ckpt, base, s)) for s in await steps_under(ckpt, base)]
+        entries = [_entry(s, record) for s, record in await step_records(ckpt, base)]
+    unreadable = [e for e in entries if "unreadable" in e]
+    rc = 1 if unreadable else 0  # a step nobody can load: a script must not read "all is well"
     if as_json:
         print(json.dumps({"root": base, "steps": entries}, indent=2))
-        return 0
+        return rc
     headers = ["step", "state", "committed (UTC)", "ranks", "bytes", "asyncckpt", "metrics"]
     if entries:
         print(format_table(headers, [_row(e) for e in entries]))
     committed = sum(e["committed"] for e in entries)
-    print(f"{len(entries)} step(s) under {base}, {committed} committed")
-    return 0
+    damaged = f", {len(unreadable)} unreadable" if unreadable else ""
+    print(f"{len(entries)} step(s) under {base}, {committed} committed{damaged}")
+    for e in unreadable:
+        print(f"asyncckpt.bench ls: step {e['step']}: {e['unreadable']}", file=sys.stderr)
+    return rc
