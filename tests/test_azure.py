@@ -42,7 +42,7 @@ from asyncckpt.sinks import leftovers
 from asyncckpt.sinks.azure.config import AzureSettings, parse_az_uri
 from asyncckpt.sinks.registry import capabilities
 
-from .conftest import ROOT, holds_stream
+from .conftest import ROOT, holds_stream, run_bench
 from .s3_harness import azure_options
 
 PART = 5 * MiB
@@ -239,6 +239,31 @@ async def test_a_store_error_is_one_line_with_the_servers_code_and_message(
         text = str(caught.value)
         assert "\n" not in text and "RequestId" not in text and "Time:" not in text and "<?xml" not in text
         assert "ContainerNotFound: The specified container does not exist." in text, text
+
+
+def test_ls_of_an_az_root_and_its_help_naming_the_schemes(
+    azurite_endpoint: AzureEndpoint, az_container: str, tmp_path: Path
+) -> None:
+    """``ls --help`` said "a directory or s3://bucket/prefix", so a user of az:// was left to
+    guess; ``ls`` of an az:// root lists its steps (credentials from the AZURE_* variables)."""
+    shown = run_bench("ls", "--help", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    for scheme in ("az://container/prefix", "s3://bucket/prefix", "file://", "direct://"):
+        assert scheme in text, text
+    assert "AZURE_STORAGE_" in text and "AWS_" in text
+    root = f"az://{az_container}/run"
+
+    async def one_step() -> None:
+        options = azure_options(azurite_endpoint, "obstore-azure")
+        async with CheckpointManager(root, chunk_size=PART, backend_options=options) as mgr:
+            await mgr.maybe_save(4, {"x": np.zeros(10, np.int32)}, metrics={"loss": 0.5})
+
+    asyncio.run(one_step())
+    listed = run_bench("ls", root, cwd=tmp_path, env=azurite_endpoint.env())
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[2].split()[:2] == ["4", "committed"]
+    assert listed.stdout.splitlines()[-1] == f"1 step(s) under {root}, 1 committed"
 
 
 @pytest.fixture

@@ -24,13 +24,17 @@ from .parsing import Parser
 LS = (
     "List the steps under a CheckpointManager root: committed or not, when, by how many ranks, their "
     "size, and the metrics and asyncckpt version recorded with each (s3:// credentials and endpoint "
-    "from AWS_* variables)."
+    "from AWS_* variables, az:// from AZURE_STORAGE_* variables)."
 )
 
 
 def ls_parser() -> Parser:
     p = Parser.subcommand("ls", LS)
-    p.add_argument("root", help="the manager's root: a directory or s3://bucket/prefix")
+    p.add_argument(
+        "root",
+        help="the manager's root: a directory (a path, file:// or direct://), s3://bucket/prefix "
+        "or az://container/prefix",
+    )
     p.add_argument("--json", action="store_true", help="print the listing as JSON instead of a table")
     return p
 
