@@ -106,6 +106,19 @@ def test_aside_names_of_replaced_files_follow_the_owner_rule(tmp_path: Path) -> 
     assert (tmp_path / "ck.bin").read_bytes() == b"published"
 
 
+def test_a_path_that_does_not_exist_is_an_error_unless_a_save_to_it_left_something(tmp_path: Path) -> None:
+    """``cleanup /nonexistent`` printed "0 leftover(s), 0 removed" and rc 0: a mistyped path
+    looked clean. A checkpoint path whose save died before publishing it is still searched."""
+    run = run_bench("cleanup", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.startswith("asyncckpt.bench cleanup: error: no such file or directory")
+    assert repr(str(tmp_path / "nowhere")) in run.stderr and len(run.stderr.splitlines()) == 1
+    dead = temp(tmp_path, dead_pid())  # a save of tmp_path/ck.bin, killed before it published
+    unpublished = run_bench("cleanup", str(tmp_path / "ck.bin"), cwd=tmp_path)
+    assert unpublished.returncode == 0 and "1 leftover(s), 1 removed" in unpublished.stdout
+    assert not dead.exists()
+
+
 def test_a_bad_age_is_refused_before_anything(tmp_path: Path) -> None:
     dead = temp(tmp_path, dead_pid())
     run = run_bench("cleanup", str(tmp_path), "--older-than", "soon", cwd=tmp_path)
