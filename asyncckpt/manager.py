@@ -318,7 +318,7 @@ class CheckpointManager:
         """Save ``state`` as ``step`` if the cadence says it is due; True if a save was started.
         ``metrics`` (finite numbers by name) are recorded with the step, and ``best_n`` ranks by
         one of them."""
-        steps.check_step(step)
+        step = steps.check_step(step)
         facts = {"metrics": check_metrics(metrics), "asyncckpt_version": _version()}
         if self.preempt.enabled:
             await self.start()
@@ -370,7 +370,7 @@ class CheckpointManager:
         then act as ``on_preempt`` says (as after a signal; every rank must call it at the same
         step). The record is also ``stats.preempted``; a missed deadline raises
         :class:`PreemptDeadlineError` whatever ``on_preempt`` says."""
-        steps.check_step(step)
+        step = steps.check_step(step)
         facts = {"metrics": check_metrics(metrics), "asyncckpt_version": _version()}
         await self.start()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import numbers
 import os
 import re
 import time
@@ -133,6 +134,10 @@ def check_root(root: object, storage: StorageRouter) -> str:
 
 
 def check_step(step: object) -> int:
+    """``step`` as a Python int: an int or what a training loop may count with, a NumPy
+    integer (``numbers.Integral``); never a bool."""
+    if isinstance(step, numbers.Integral) and not isinstance(step, bool):
+        step = int(step)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ConfigError(f"step must be a non-negative integer, got {step!r}")
     if step >= STEP_LIMIT:
@@ -437,7 +442,8 @@ async def start_step(
     ``after`` (the previous step's task) keeps the ranks' collectives in that order.
     ``metadata`` (JSON-safe) goes into the commit record as it is.
     """
-    base = step_uri(check_root(root, ckpt.storage), check_step(step))
+    step = check_step(step)
+    base = step_uri(check_root(root, ckpt.storage), step)
     await make_directory(ckpt, base)
     await withdraw_commit(ckpt, base)
     if coll.is_coordinator:
@@ -567,7 +573,7 @@ async def load_step(
     """
     base_root = check_root(root, ckpt.storage)
     if step is not None:
-        check_step(step)
+        step = check_step(step)
     check_load_options(as_torch, keys, prefix)  # before any I/O, on every path (resharded too)
     if coll is None:
         async with get_collectives() as own:

@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from asyncckpt import CheckpointManager
@@ -165,6 +166,20 @@ async def test_huge_counts_are_accepted_and_a_huge_metric_refused(tmp_path: Path
         with pytest.raises(ConfigError, match=r"metric 'loss' must be finite, got 1000"):
             await mgr.maybe_save(3, state_of(3), metrics={"loss": HUGE})
     assert mgr.stats.saved == [1, 2] and mgr.stats.deleted == []
+
+
+async def test_a_numpy_integer_step_is_a_step(tmp_path: Path) -> None:
+    """``maybe_save(np.int64(step), ...)`` (a step counted in NumPy) was refused: "step must be
+    a non-negative integer, got 3"."""
+    async with CheckpointManager(tmp_path, keep_last=1, **OPTIONS) as mgr:
+        for step in np.arange(1, 4, dtype=np.int64):
+            assert await mgr.maybe_save(step, state_of(int(step)))
+        with pytest.raises(ConfigError, match=r"step must be a non-negative integer, got (np\.)?True"):
+            await mgr.maybe_save(np.True_, state_of(4))  # type: ignore[arg-type]
+        await mgr.wait()
+        assert await mgr.restore() == 3
+    assert mgr.stats.saved == [1, 2, 3] and all(type(s) is int for s in mgr.stats.saved)
+    assert json.loads((tmp_path / "step-3" / COMMIT).read_text())["step"] == 3
 
 
 async def test_bad_metrics_are_refused_before_any_io(tmp_path: Path) -> None:
