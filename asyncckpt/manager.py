@@ -31,7 +31,7 @@ from . import modes, steps
 from .checkpointer import AsyncCheckpointer
 from .engine.monitor import now
 from .errors import CollectiveError, ConfigError, IntegrityError, NoSpaceError
-from .modes import BestMode, DrainWhenBusy, OnPreempt, StagingMode, WhenBusy
+from .modes import BestMode, DrainWhenBusy, OnPreempt, StagingMode, Tier, WhenBusy
 from .node.collectives import Collectives, get_collectives
 from .preempt import Preemption, PreemptRecord
 from .retention import Cadence, RetentionPolicy, check_metrics, to_delete
@@ -306,11 +306,24 @@ class CheckpointManager:
         )
         return latest
 
-    async def steps(self) -> list[StepCommit]:
+    async def steps(self, tier: Tier | None = None) -> list[StepCommit]:
         """The commit record of every committed step under the root, ascending: world size,
         time, objects and ``metadata`` (``metrics``, ``asyncckpt_version``; None for steps
-        saved before metadata was recorded)."""
-        return await steps.committed_steps(self.ckpt, self.root)
+        saved before metadata was recorded). With ``local=``: the steps of both tiers, each
+        once (its remote record where it is remote-committed, with ``metadata["tiers"]``),
+        or of the ``tier`` named, ``"local"`` or ``"remote"``."""
+        if tier is not None:
+            tier = modes.parse("tier", tier, Tier, fold=False)
+        if self.tiers is None:
+            if tier is not None:
+                raise ConfigError(f"tier= applies to a manager with local= (a local tier), got tier={tier!r}")
+            return await steps.committed_steps(self.ckpt, self.root)
+        found: dict[int, StepCommit] = {}
+        if tier != "remote":
+            found.update((r.step, r) for r in await steps.committed_steps(self.ckpt, self.root))
+        if tier != "local":
+            found.update((r.step, r) for r in await steps.committed_steps(self.ckpt, self.remote_root))
+        return [found[step] for step in sorted(found)]
 
     async def maybe_save(
         self, step: int, state: Mapping[Any, Any], *, metrics: Mapping[str, float] | None = None
