@@ -163,6 +163,8 @@ class CheckpointManager:
         self._reserving: asyncio.Task[int] | None = None  # the staging area, made ahead of a save
         self._started = False
         self.restored: steps.StepLoad | None = None  # what restore() loaded
+        #: restore() was called, or the first save checked the root for later steps
+        self._lineage_checked = False
 
     def _tiers(
         self, local: object, keep_local: object, when_busy: object, max_queued: object, bandwidth: object
@@ -292,6 +294,7 @@ class CheckpointManager:
     async def restore(self, into: Mapping[Any, Any] | None = None, *, as_torch: bool = False) -> int | None:
         """Load the latest committed step (in place with ``into=``); its number, or None."""
         await self.start()
+        self._lineage_checked = True  # this run knows what the root holds
         if into is not None:  # the state this run will save: its staging area, made meanwhile
             self._reserve(into)
         if self.tiers is not None:
@@ -361,9 +364,33 @@ class CheckpointManager:
             while len(self._still_pending()) >= self.max_pending_saves:
                 await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
             self.stats.waited.append((step, now() - t0))
+        await self._check_lineage(step)
         commit = await self._start_step(step, state, facts, self.staging)
         self._track(step, asyncio.create_task(self._finish(step, commit), name=f"asyncckpt-step {step}"))
         return True
+
+    async def _check_lineage(self, step: int) -> None:
+        """At the first save of a manager that did not ``restore()``: committed steps after
+        ``step`` under the root are an earlier run's, and a restart would restore the newest of
+        them, not this run's progress: refused, naming them, before anything is written."""
+        if self._lineage_checked:
+            return
+        self._lineage_checked = True
+        shared = self.root if self.tiers is None else self.remote_root  # every rank sees the same
+        try:
+            found = await steps.step_records(self.ckpt, shared)
+        except Exception as exc:  # a remote out: the local tier still saves; a root out: the save says so
+            log.debug("could not look for later steps under %s: %s", shared, exc)
+            return
+        later = [s for s, record in found if isinstance(record, StepCommit) and s > step]
+        if later:
+            shown_steps = later
+            raise ConfigError(
+                f"step {step} would be saved under {shared!r}, which holds committed steps "
+                f"{shown_steps} of an earlier run: a restart would restore step {shown_steps[-1]}, "
+                "not this run's; call restore() first (then saving an earlier step is a rollback), "
+                "or use a new root"
+            )
 
     @property
     def preempted(self) -> bool:
@@ -395,6 +422,7 @@ class CheckpointManager:
         def latest() -> int | None:
             return max(self.stats.saved, default=None)
 
+        await self._check_lineage(step)
         self._last_start = self.clock()
         try:
             record = await self.preempt.save(

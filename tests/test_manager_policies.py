@@ -182,6 +182,22 @@ async def test_a_numpy_integer_step_is_a_step(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "step-3" / COMMIT).read_text())["step"] == 3
 
 
+async def test_a_restart_without_restore_over_later_steps_is_refused(tmp_path: Path) -> None:
+    """A second run that did not restore() saved steps 1-3 beside the first run's 4 and 5: its
+    next restart restored step 5, the first run's, and this run's progress was lost."""
+    async with CheckpointManager(tmp_path, keep_last=2, **OPTIONS) as first:
+        for step in range(1, 6):
+            await first.maybe_save(step, state_of(step))
+    async with CheckpointManager(tmp_path, keep_last=2, **OPTIONS) as second:
+        with pytest.raises(ConfigError, match=r"holds committed steps \[4, 5\] of an earlier run"):
+            await second.maybe_save(1, state_of(1))
+    assert names(tmp_path) == ["step-4", "step-5"] and second.stats.saved == []
+    async with CheckpointManager(tmp_path, keep_last=2, **OPTIONS) as rolled_back:
+        assert await rolled_back.restore() == 5
+        assert await rolled_back.maybe_save(3, state_of(3))  # after restore(): a rollback, as asked
+    assert rolled_back.stats.saved == [3]
+
+
 async def test_bad_metrics_are_refused_before_any_io(tmp_path: Path) -> None:
     async with CheckpointManager(tmp_path, **OPTIONS) as mgr:
         with pytest.raises(ConfigError, match="metric 'loss' must be finite, got nan"):
