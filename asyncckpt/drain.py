@@ -27,6 +27,7 @@ from .pool import private_mapping
 from .results.records import SaveResult
 from .sinks.base import Sink
 from .sinks.router import StorageRouter
+from .units import finite, shown
 
 
 class DrainHost(Protocol):
@@ -66,9 +67,12 @@ def check_bandwidth(value: object) -> float | None:
     """``drain_bandwidth`` in bytes per second (None: uncapped); ConfigError naming it."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"drain_bandwidth must be a positive number of bytes per second, got {value!r}")
-    return float(value)
+    number = finite(value)
+    if number is None or number <= 0:
+        raise ConfigError(
+            f"drain_bandwidth must be a positive number of bytes per second, got {shown(value)}"
+        )
+    return number
 
 
 async def _reads(sink: Sink, size: int, chunk: int, cap: float | None) -> AsyncIterator[memoryview]:

@@ -30,8 +30,8 @@ from typing import Any
 from . import modes, steps
 from .checkpointer import AsyncCheckpointer
 from .engine.monitor import now
-from .errors import CollectiveError, ConfigError, NoSpaceError
-from .modes import BestMode, DrainWhenBusy, OnPreempt, StagingMode, WhenBusy
+from .errors import CollectiveError, ConfigError, IntegrityError, NoSpaceError
+from .modes import BestMode, DrainWhenBusy, OnPreempt, StagingMode, Tier, WhenBusy
 from .node.collectives import Collectives, get_collectives
 from .preempt import Preemption, PreemptRecord
 from .retention import Cadence, RetentionPolicy, check_metrics, to_delete
@@ -39,6 +39,7 @@ from .sinks import leftovers
 from .sinks.loops import orphaned
 from .steps import StepCommit
 from .tiers import Tiers, TierStats, check_tiers
+from .units import shown
 
 log = logging.getLogger("asyncckpt")
 
@@ -62,7 +63,8 @@ class ManagerStats:
     waited: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds waited for a save)
     deleted: list[int] = field(default_factory=list)  # committed steps no retention rule kept
     cleaned: list[int] = field(default_factory=list)  # uncommitted steps removed: dead owners', failed saves'
-    left: list[tuple[int, str]] = field(default_factory=list)  # uncommitted steps kept, and why
+    #: uncommitted steps kept, and steps whose commit record is unreadable, and why
+    left: list[tuple[int, str]] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)  # saves or deletes that failed
     abandoned: list[int] = field(default_factory=list)  # saves whose event loop ended before they committed
     preempted: PreemptRecord | None = None  # the save a preemption signal (or save_now) made
@@ -71,7 +73,7 @@ class ManagerStats:
 
 def _positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{name} must be a positive integer, got {shown(value)}")
 
 
 def _log_reserve_failure(task: asyncio.Task[int]) -> None:
@@ -118,9 +120,9 @@ class CheckpointManager:
         preempt_deadline_s: float = 30.0,
         on_preempt: OnPreempt = "raise",
         local: str | os.PathLike[str] | None = None,
-        keep_local: int = 2,
-        drain_when_busy: DrainWhenBusy = "queue",
-        max_queued_drains: int = 1,
+        keep_local: int | None = None,
+        drain_when_busy: DrainWhenBusy | None = None,
+        max_queued_drains: int | None = None,
         drain_bandwidth: float | None = None,
         **options: Any,
     ) -> None:
@@ -139,6 +141,8 @@ class CheckpointManager:
         staging = modes.parse("staging", staging, StagingMode, fold=False)
         if checkpointer is not None and options:
             raise ConfigError("pass either checkpointer= or checkpointer options, not both")
+        if checkpointer is not None and not isinstance(checkpointer, AsyncCheckpointer):
+            raise ConfigError(f"checkpointer must be an AsyncCheckpointer, got {shown(checkpointer)}")
         self.ckpt = checkpointer if checkpointer is not None else AsyncCheckpointer(**options)
         self.root = steps.check_root(root, self.ckpt.storage)  # nothing allocated yet: no I/O
         self.tiers = self._tiers(local, keep_local, drain_when_busy, max_queued_drains, drain_bandwidth)
@@ -159,13 +163,31 @@ class CheckpointManager:
         self._reserving: asyncio.Task[int] | None = None  # the staging area, made ahead of a save
         self._started = False
         self.restored: steps.StepLoad | None = None  # what restore() loaded
+        #: restore() was called, or the first save checked the root for later steps
+        self._lineage_checked = False
 
     def _tiers(
         self, local: object, keep_local: object, when_busy: object, max_queued: object, bandwidth: object
     ) -> Tiers | None:
-        """The local tier under this manager (``local=``), validated before any I/O."""
+        """The local tier under this manager (``local=``), validated before any I/O. Its
+        options without it are refused: the run would silently have no local tier."""
+        named = {
+            "keep_local": keep_local,
+            "drain_when_busy": when_busy,
+            "max_queued_drains": max_queued,
+            "drain_bandwidth": bandwidth,
+        }
         if local is None:
+            given = [f"{name}={value!r}" for name, value in named.items() if value is not None]
+            if given:
+                raise ConfigError(
+                    f"{', '.join(given)} set(s) the local tier, but no local= was given: add "
+                    "local='/nvme/run' (a local directory) or remove it"
+                )
             return None
+        keep_local = 2 if keep_local is None else keep_local
+        when_busy = "queue" if when_busy is None else when_busy
+        max_queued = 1 if max_queued is None else max_queued
         root = check_tiers(self.root, local, keep_local, self.ckpt)
         _positive("max_queued_drains", max_queued)
         return Tiers(
@@ -272,6 +294,7 @@ class CheckpointManager:
     async def restore(self, into: Mapping[Any, Any] | None = None, *, as_torch: bool = False) -> int | None:
         """Load the latest committed step (in place with ``into=``); its number, or None."""
         await self.start()
+        self._lineage_checked = True  # this run knows what the root holds
         if into is not None:  # the state this run will save: its staging area, made meanwhile
             self._reserve(into)
         if self.tiers is not None:
@@ -286,11 +309,24 @@ class CheckpointManager:
         )
         return latest
 
-    async def steps(self) -> list[StepCommit]:
+    async def steps(self, tier: Tier | None = None) -> list[StepCommit]:
         """The commit record of every committed step under the root, ascending: world size,
         time, objects and ``metadata`` (``metrics``, ``asyncckpt_version``; None for steps
-        saved before metadata was recorded)."""
-        return await steps.committed_steps(self.ckpt, self.root)
+        saved before metadata was recorded). With ``local=``: the steps of both tiers, each
+        once (its remote record where it is remote-committed, with ``metadata["tiers"]``),
+        or of the ``tier`` named, ``"local"`` or ``"remote"``."""
+        if tier is not None:
+            tier = modes.parse("tier", tier, Tier, fold=False)
+        if self.tiers is None:
+            if tier is not None:
+                raise ConfigError(f"tier= applies to a manager with local= (a local tier), got tier={tier!r}")
+            return await steps.committed_steps(self.ckpt, self.root)
+        found: dict[int, StepCommit] = {}
+        if tier != "remote":
+            found.update((r.step, r) for r in await steps.committed_steps(self.ckpt, self.root))
+        if tier != "local":
+            found.update((r.step, r) for r in await steps.committed_steps(self.ckpt, self.remote_root))
+        return [found[step] for step in sorted(found)]
 
     async def maybe_save(
         self, step: int, state: Mapping[Any, Any], *, metrics: Mapping[str, float] | None = None
@@ -298,32 +334,63 @@ class CheckpointManager:
         """Save ``state`` as ``step`` if the cadence says it is due; True if a save was started.
         ``metrics`` (finite numbers by name) are recorded with the step, and ``best_n`` ranks by
         one of them."""
-        steps.check_step(step)
+        step = steps.check_step(step)
         facts = {"metrics": check_metrics(metrics), "asyncckpt_version": _version()}
         if self.preempt.enabled:
             await self.start()
             if await self.preempt.agree():  # every rank, every call: they save the same step
                 await self.save_now(step, state, metrics=metrics)
                 return True
-        if self.cadence.per_step and not self.cadence.due(step, now=0.0, last_start=None, busy=False):
+        milestone = self.retention.milestone(step)  # saved whatever the cadence: kept for ever
+        if (
+            self.cadence.per_step
+            and not milestone
+            and not self.cadence.due(step, now=0.0, last_start=None, busy=False)
+        ):
             self._reserve(state)
             return False
         await self.start()
         busy = bool(self._still_pending())
-        if not self.cadence.due(step, now=self.clock(), last_start=self._last_start, busy=busy):
+        if not milestone and not self.cadence.due(
+            step, now=self.clock(), last_start=self._last_start, busy=busy
+        ):
             self._reserve(state)
             return False
         if len(self._still_pending()) >= self.max_pending_saves:
-            if self.when_busy == "skip":
+            if self.when_busy == "skip" and not milestone:
                 self.stats.skipped.append(step)
                 return False
             t0 = now()
             while len(self._still_pending()) >= self.max_pending_saves:
                 await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
             self.stats.waited.append((step, now() - t0))
+        await self._check_lineage(step)
         commit = await self._start_step(step, state, facts, self.staging)
         self._track(step, asyncio.create_task(self._finish(step, commit), name=f"asyncckpt-step {step}"))
         return True
+
+    async def _check_lineage(self, step: int) -> None:
+        """At the first save of a manager that did not ``restore()``: committed steps after
+        ``step`` under the root are an earlier run's, and a restart would restore the newest of
+        them, not this run's progress: refused, naming them, before anything is written."""
+        if self._lineage_checked:
+            return
+        self._lineage_checked = True
+        shared = self.root if self.tiers is None else self.remote_root  # every rank sees the same
+        try:
+            found = await steps.step_records(self.ckpt, shared)
+        except Exception as exc:  # a remote out: the local tier still saves; a root out: the save says so
+            log.debug("could not look for later steps under %s: %s", shared, exc)
+            return
+        later = [s for s, record in found if isinstance(record, StepCommit) and s > step]
+        if later:
+            shown_steps = later
+            raise ConfigError(
+                f"step {step} would be saved under {shared!r}, which holds committed steps "
+                f"{shown_steps} of an earlier run: a restart would restore step {shown_steps[-1]}, "
+                "not this run's; call restore() first (then saving an earlier step is a rollback), "
+                "or use a new root"
+            )
 
     @property
     def preempted(self) -> bool:
@@ -343,7 +410,7 @@ class CheckpointManager:
         then act as ``on_preempt`` says (as after a signal; every rank must call it at the same
         step). The record is also ``stats.preempted``; a missed deadline raises
         :class:`PreemptDeadlineError` whatever ``on_preempt`` says."""
-        steps.check_step(step)
+        step = steps.check_step(step)
         facts = {"metrics": check_metrics(metrics), "asyncckpt_version": _version()}
         await self.start()
 
@@ -355,6 +422,7 @@ class CheckpointManager:
         def latest() -> int | None:
             return max(self.stats.saved, default=None)
 
+        await self._check_lineage(step)
         self._last_start = self.clock()
         try:
             record = await self.preempt.save(
@@ -464,7 +532,17 @@ class CheckpointManager:
     async def _prune(self, just_committed: int, previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await asyncio.wait([previous])
-        records = [r for r in await steps.committed_steps(self.ckpt, self.root) if r.step <= just_committed]
+        try:
+            found = await steps.step_records(self.ckpt, self.root)
+        except Exception as exc:  # no step deleted blind; wait() raises it, as a failed delete
+            self.stats.failed.append((just_committed, f"retention: could not list {self.root}: {exc}"))
+            self._unraised.append(exc)
+            log.warning("retention after step %d could not list %s: %s", just_committed, self.root, exc)
+            return
+        for step, damaged in found:  # kept: retention cannot judge it, and it may be all someone has
+            if isinstance(damaged, IntegrityError):
+                self._unreadable(step, damaged)
+        records = [r for _, r in found if isinstance(r, StepCommit) and r.step <= just_committed]
         for old in to_delete(self.retention, records, time.time()):
             try:
                 await steps.delete_step(self.ckpt, self.root, old)
@@ -497,9 +575,19 @@ class CheckpointManager:
         else:
             self.stats.cleaned.append(step)
 
+    def _unreadable(self, step: int, exc: IntegrityError) -> None:
+        """A step whose commit record cannot be read: kept, listed in ``stats.left`` once."""
+        why = f"commit record unreadable, kept: {exc}"
+        if (step, why) not in self.stats.left:
+            self.stats.left.append((step, why))
+            log.warning("step %d under %s: %s", step, self.root, why)
+
     async def _clean_uncommitted(self) -> None:
-        for step in await steps.steps_under(self.ckpt, self.root):
-            if await steps.read_commit(self.ckpt, self.root, step) is not None:
+        for step, record in await steps.step_records(self.ckpt, self.root):
+            if isinstance(record, IntegrityError):
+                self._unreadable(step, record)
+                continue
+            if record is not None:
                 continue
             owner = await steps.owner_of(self.ckpt, self.root, step)
             if owner is None:

@@ -41,6 +41,8 @@ OnPreempt = Literal["raise", "exit", "continue"]
 DrainWhenBusy = Literal["wait", "skip", "queue"]
 #: CheckpointManager best_n: keep the lowest ("min") or highest ("max") values of the metric
 BestMode = Literal["min", "max"]
+#: ``CheckpointManager.steps(tier=)``: the steps of one tier of a manager with ``local=``
+Tier = Literal["local", "remote"]
 #: what a save computes so a load can check it (``CheckpointConfig.integrity``, bench
 #: ``--integrity``): a CRC32C per chunk sealed into the manifest, or nothing (pure storage
 #: benchmarks: the object then cannot be verified by checksum, only by regeneration)

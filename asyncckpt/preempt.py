@@ -1,7 +1,8 @@
 """Save on a preemption signal: record it in the handler, save at the next step, within a deadline.
 
 A scheduler that preempts a job sends SIGTERM and kills it for good a grace period later. The
-handler only records the signal (its number and time: no I/O, nothing else), because the state
+handler (Python's, which runs even while the loop is inside a synchronous step) only records
+the signal (its number and time: no I/O, nothing else), because the state
 is consistent only between training steps: the training loop's next
 ``CheckpointManager.maybe_save`` sees the record, saves that step out of cadence and waits until
 it is committed, within ``deadline_s`` counted from the signal. Ranks agree first: with several
@@ -14,7 +15,7 @@ the same step.
 from __future__ import annotations
 
 import asyncio
-import math
+import contextlib
 import signal
 import threading
 import time
@@ -27,9 +28,14 @@ from .engine.monitor import now
 from .errors import ConfigError, PreemptDeadlineError, PreemptedError
 from .modes import OnPreempt
 from .node.collectives import Collectives
+from .units import finite, shown
 
 #: what a process cannot catch: no handler would ever run
 UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
+
+
+def _awake() -> None:
+    """The event loop's handler: nothing to do but to have woken the loop."""
 
 
 def check_signals(value: object) -> tuple[signal.Signals, ...]:
@@ -54,14 +60,10 @@ def check_signals(value: object) -> tuple[signal.Signals, ...]:
 
 
 def check_deadline(value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigError(f"preempt_deadline_s must be a positive number of seconds, got {value!r}")
-    return float(value)
+    number = finite(value)
+    if number is None or number <= 0:
+        raise ConfigError(f"preempt_deadline_s must be a positive number of seconds, got {shown(value)}")
+    return number
 
 
 @dataclass(frozen=True)
@@ -105,15 +107,25 @@ class Preemption:
         return bool(self.signals)
 
     # -- the handler: record, nothing else ----------------------------------------------------
-    def note(self, signum: int, source: str = "signal") -> None:
-        """What the handler does (on the event loop's thread): remember the first signal
-        (``signum`` 0: ``save_now`` on demand, no signal)."""
+    def note(self, signum: int, source: str = "signal", *, wake: bool = True) -> None:
+        """Remember the first signal (``signum`` 0: ``save_now`` on demand, no signal);
+        ``wake=False``: from the signal handler, which leaves :attr:`noted` to the loop."""
         if not self.pending:
             self.signum, self.pending, self._source = signum or self.signum, True, source
             self._current = signum  # the one this save answers
             self._at = (now(), time.time())
-            if source == "signal":
+            if source == "signal" and wake:
                 self.noted.set()
+
+    def _caught(self, signum: int, frame: object) -> None:
+        """The Python-level handler. Python runs it on the main thread between two bytecodes,
+        also while the loop is inside a synchronous step, so the flag is set before the next
+        ``maybe_save`` (an event-loop handler would run only once the loop runs again, and that
+        ``maybe_save``, awaiting nothing, would pass the signal by)."""
+        self.note(signum, wake=False)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.noted.set)  # what a loop does from a handler
 
     def arm(self) -> None:
         """Install the handlers on the running loop (main thread only); idempotent."""
@@ -125,25 +137,23 @@ class Preemption:
                 f"manager runs on thread {threading.current_thread().name!r}"
             )
         loop = asyncio.get_running_loop()
+        self._loop = loop
         for sig in self.signals:
             previous = signal.getsignal(sig)
-            try:
-                loop.add_signal_handler(sig, self.note, int(sig))
-            except (NotImplementedError, RuntimeError):  # a loop without signal support
-
-                def handler(signum: int, frame: object, loop: asyncio.AbstractEventLoop = loop) -> None:
-                    loop.call_soon_threadsafe(self.note, signum)
-
-                signal.signal(sig, handler)
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # a loop without signals
+                # the loop's own handler only wakes it (its wakeup fd): a signal that arrives
+                # while it waits in select is then seen at once; the flag is set by ours
+                loop.add_signal_handler(sig, _awake)
+            signal.signal(sig, self._caught)
             self._installed.append((sig, previous))
-        self._loop = loop
 
     def disarm(self) -> None:
         """Put back the handlers found at :meth:`arm`."""
         installed, self._installed = self._installed, []
         for sig, previous in installed:
             if self._loop is not None and not self._loop.is_closed():
-                self._loop.remove_signal_handler(sig)
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    self._loop.remove_signal_handler(sig)
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._loop = None
 

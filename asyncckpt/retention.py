@@ -10,7 +10,6 @@ but its errors and modes.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any, Protocol
 from . import modes
 from .errors import ConfigError
 from .modes import BestMode
+from .units import finite, shown
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -29,9 +29,9 @@ def _positive_int(name: str, value: object) -> None:
 def _positive_seconds(name: str, value: object) -> None:
     if value is None:
         return
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type,operator]
-        raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+    number = finite(value)
+    if number is None or number <= 0:
+        raise ConfigError(f"{name} must be a positive number of seconds, got {shown(value)}")
 
 
 def check_metrics(metrics: object) -> dict[str, float]:
@@ -47,8 +47,8 @@ def check_metrics(metrics: object) -> dict[str, float]:
         number = _number(value)
         if number is None:
             raise ConfigError(f"metric {key!r} must be a number, got {value!r}")
-        if not math.isfinite(number):  # JSON has no NaN or infinity
-            raise ConfigError(f"metric {key!r} must be finite, got {value!r}")
+        if finite(number) is None:  # JSON has no NaN or infinity; 10**400 is no float
+            raise ConfigError(f"metric {key!r} must be finite, got {shown(value)}")
         out[key] = number
     return out
 
@@ -118,7 +118,8 @@ class RetentionPolicy:
     policy set, nothing is deleted.
 
     - ``keep_last``: the N newest committed steps.
-    - ``keep_every_n_steps``: milestones, steps divisible by N, kept forever.
+    - ``keep_every_n_steps``: milestones, steps divisible by N, kept forever (and saved by the
+      manager whatever its cadence).
     - ``best_n`` of ``best_metric``, lowest (``best_mode="min"``) or highest (``"max"``) first;
       ties go to the newer step. A step saved without that metric is never among the best.
     - ``keep_younger_than``: steps committed less than this many seconds ago.
@@ -145,6 +146,12 @@ class RetentionPolicy:
                 f"best_metric={self.best_metric!r}"
             )
 
+    def milestone(self, step: int) -> bool:
+        """Whether ``step`` is one ``keep_every_n_steps`` keeps: the manager saves it even off
+        its cadence (``every_n_steps=300, keep_every_n_steps=1000`` saves 1000, 2000, ...),
+        since a milestone never saved is one the policy cannot keep."""
+        return self.keep_every_n_steps is not None and step % self.keep_every_n_steps == 0
+
     @property
     def active(self) -> bool:
         """Whether any policy is set (otherwise the manager deletes nothing)."""
@@ -168,10 +175,7 @@ class StepRecord(Protocol):
 def metric_of(record: StepRecord, name: str) -> float | None:
     """The step's recorded metric ``name``, or None when it was saved without it."""
     metrics = (record.metadata or {}).get("metrics")
-    value = metrics.get(name) if isinstance(metrics, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return value
+    return finite(metrics.get(name) if isinstance(metrics, Mapping) else None)
 
 
 def _best(policy: RetentionPolicy, records: Sequence[StepRecord]) -> Iterable[int]:

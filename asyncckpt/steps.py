@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import numbers
 import os
 import re
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from .blocking import run_blocking
@@ -32,6 +34,7 @@ from .errors import ConfigError, IntegrityError, StepNotCommittedError, TargetNo
 from .modes import StagingMode
 from .node.collectives import Collectives, get_collectives
 from .owner import Owner, boot_id, host
+from .sinks import local_path
 from .sinks.router import StorageRouter
 from .sinks.small import get_bytes, put_bytes
 from .state import index as step_index
@@ -79,7 +82,9 @@ OWNER = "OWNER.json"
 #: step numbers are below 2**63 (19 digits: a nanosecond clock fits), as torch's and
 #: NumPy's int64 step counters are
 STEP_LIMIT = 1 << 63
-_STEP = re.compile(r"^step-(\d{1,19})$")
+#: a step's directory: its number as ``step_uri`` writes it, without leading zeros (``step-007``
+#: beside ``step-7`` is someone else's directory, not step 7 again)
+_STEP = re.compile(r"^step-(0|[1-9]\d{0,18})$")
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,10 @@ def check_root(root: object, storage: StorageRouter) -> str:
 
 
 def check_step(step: object) -> int:
+    """``step`` as a Python int: an int or what a training loop may count with, a NumPy
+    integer (``numbers.Integral``); never a bool."""
+    if isinstance(step, numbers.Integral) and not isinstance(step, bool):
+        step = int(step)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ConfigError(f"step must be a non-negative integer, got {step!r}")
     if step >= STEP_LIMIT:
@@ -291,9 +300,21 @@ async def exists(ckpt: StepHost, uri: str) -> bool:
 
 # -- the public operations -----------------------------------------------------------------
 async def steps_under(ckpt: StepHost, root: str | os.PathLike[str]) -> list[int]:
-    """Every step number with a directory under ``root`` (committed or not), ascending."""
-    names = await _list(ckpt, check_root(root, ckpt.storage))
-    return sorted(n for m in map(_STEP.match, names) if m and (n := int(m[1])) < STEP_LIMIT)
+    """Every step number with a directory under ``root`` (committed or not), ascending. On
+    files a name like a step's that is not a directory (a stray file ``step-9``) is no step."""
+    base = check_root(root, ckpt.storage)
+    names = await _list(ckpt, base)
+    matched = {name: m for name in names if (m := _STEP.match(name))}
+    found = {name: n for name, m in matched.items() if (n := int(m[1])) < STEP_LIMIT}
+    where = local_path(base)
+    if where is not None and found:
+        directories = await run_blocking(ckpt.runtime.executor(), _directories, where, list(found))
+        found = {name: n for name, n in found.items() if name in directories}
+    return sorted(found.values())
+
+
+def _directories(where: Path, names: list[str]) -> set[str]:
+    return {name for name in names if (where / name).is_dir()}
 
 
 async def read_commit(ckpt: StepHost, root: str | os.PathLike[str], step: int) -> StepCommit | None:
@@ -303,9 +324,85 @@ async def read_commit(ckpt: StepHost, root: str | os.PathLike[str], step: int) -
     if record is None:
         return None
     try:  # fields a later version added are passed over: a newer record stays readable
-        return StepCommit(**{k: v for k, v in record.items() if k in _RECORD_FIELDS})
+        commit = StepCommit(**{k: v for k, v in record.items() if k in _RECORD_FIELDS})
     except TypeError as exc:
         raise IntegrityError(f"{uri!r} is not a commit record: {exc}") from None
+    _check_fields(uri, commit)
+    return commit
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_fields(uri: str, commit: StepCommit) -> None:
+    """Each field of a commit record read back has its type (a record edited by hand, or
+    written by something else): IntegrityError naming the field, not a TypeError later."""
+    world = commit.world_size
+    per_rank = f"a list of {world} " if _is_int(world) else "a list of "
+    wrong = [
+        (name, what)
+        for name, what, ok in (
+            ("step", "a non-negative integer", _is_int(commit.step) and commit.step >= 0),
+            ("world_size", "a positive integer", _is_int(world) and world >= 1),
+            (
+                "objects",
+                per_rank + "object names",
+                isinstance(commit.objects, list)
+                and len(commit.objects) == world
+                and all(isinstance(o, str) and o for o in commit.objects),
+            ),
+            (
+                "sizes",
+                per_rank + "byte counts",
+                isinstance(commit.sizes, list)
+                and len(commit.sizes) == world
+                and all(_is_int(n) and n >= 0 for n in commit.sizes),
+            ),
+            (
+                "identities",
+                per_rank + "identities",
+                isinstance(commit.identities, list) and len(commit.identities) == world,
+            ),
+            (
+                "committed_at",
+                "seconds since the epoch",
+                isinstance(commit.committed_at, (int, float)) and not isinstance(commit.committed_at, bool),
+            ),
+            ("metadata", "an object or null", commit.metadata is None or isinstance(commit.metadata, dict)),
+            ("index", "a file name or null", commit.index is None or isinstance(commit.index, str)),
+            (
+                "checksums",
+                "an object of names to CRC32C strings, or null",
+                commit.checksums is None
+                or (
+                    isinstance(commit.checksums, dict)
+                    and all(isinstance(v, str) for v in commit.checksums.values())
+                ),
+            ),
+        )
+        if not ok
+    ]
+    if wrong:
+        name, what = wrong[0]
+        raise IntegrityError(
+            f"{uri!r} is not a commit record: field {name!r} must be {what}, got {getattr(commit, name)!r}"
+        )
+
+
+async def step_records(
+    ckpt: StepHost, root: str | os.PathLike[str]
+) -> list[tuple[int, StepCommit | IntegrityError | None]]:
+    """Every step under ``root``, ascending, with its commit record: None when it has none
+    (uncommitted), the IntegrityError when it cannot be read (damaged, edited by hand), so a
+    caller can pass over such a step, keep it and say so, rather than fail for all of them."""
+    out: list[tuple[int, StepCommit | IntegrityError | None]] = []
+    for step in await steps_under(ckpt, root):
+        try:
+            out.append((step, await read_commit(ckpt, root, step)))
+        except IntegrityError as exc:
+            out.append((step, exc))
+    return out
 
 
 async def committed_steps(ckpt: StepHost, root: str | os.PathLike[str]) -> list[StepCommit]:
@@ -347,7 +444,8 @@ async def start_step(
     ``after`` (the previous step's task) keeps the ranks' collectives in that order.
     ``metadata`` (JSON-safe) goes into the commit record as it is.
     """
-    base = step_uri(check_root(root, ckpt.storage), check_step(step))
+    step = check_step(step)
+    base = step_uri(check_root(root, ckpt.storage), step)
 
     async def ready() -> None:  # the state is laid out: a bad one was refused before any I/O
         await make_directory(ckpt, base)
@@ -483,7 +581,7 @@ async def load_step(
     """
     base_root = check_root(root, ckpt.storage)
     if step is not None:
-        check_step(step)
+        step = check_step(step)
     check_load_options(as_torch, keys, prefix)  # before any I/O, on every path (resharded too)
     if coll is None:
         async with get_collectives() as own:

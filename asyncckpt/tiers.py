@@ -91,6 +91,9 @@ class TierStats:
     restored_from: tuple[str, str] | None = None  # (tier, why)
     #: drains (and remote commits) stopped by a preempted run's close: they resume at the next start
     drains_left: list[int] = field(default_factory=list)
+    #: remote retention that could not list the remote root or delete a step: (step, why);
+    #: nothing is deleted blind, the next commit's retention tries again
+    retention_failures: list[tuple[int, str]] = field(default_factory=list)
 
     def of(self, step: int) -> StepTiers:
         return self.steps.setdefault(step, StepTiers(step))
@@ -534,11 +537,18 @@ class Tiers:
     async def _prune_remote(self, step: int) -> None:
         if not self.retention.active:
             return
-        records = [r for r in await steps.committed_steps(self.host, self.remote) if r.step <= step]
+        try:
+            found = await steps.step_records(self.host, self.remote)
+        except Exception as exc:  # was the remote commit task's end, read by nobody
+            self.stats.retention_failures.append((step, f"could not list {self.remote}: {exc}"))
+            log.warning("remote retention after step %d could not list %s: %s", step, self.remote, exc)
+            return
+        records = [r for _, r in found if isinstance(r, StepCommit) and r.step <= step]
         for old in to_delete(self.retention, records, time.time()):
             try:
                 await steps.delete_step(self.host, self.remote, old)
             except Exception as exc:
+                self.stats.retention_failures.append((old, f"could not delete it: {exc}"))
                 log.warning("could not delete old remote step %d: %s", old, exc)
             else:
                 self.stats.remote_deleted.append(old)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from .errors import ConfigError
@@ -28,6 +29,26 @@ _UNITS: dict[str, int] = {
     "gib": GiB,
     "tib": TiB,
 }
+
+
+def finite(value: object) -> float | None:
+    """``value`` (an int or a float, never a bool) as a finite float; None when it is not one,
+    or is too large for a float (``10**400``: OverflowError in ``float()`` and ``math.isfinite``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def shown(value: object) -> str:
+    """``value`` for an error message: its repr, a huge integer's cut to its first digits."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+
+
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 

@@ -6,6 +6,9 @@ Each rank (one, or several under mpirun) talks to the test through two FIFOs the
 step; once the signal handler ran, the rank writes ``noted`` (``mgr.wait_preempted()``).
 The state of step ``s`` on rank ``r`` is :func:`state_of` (r, s). ``ROOT/result-<rank>.json``
 gets what ended the loop (the error, the exit code) and ``mgr.stats.preempted``.
+``ON_PREEMPT/sync`` (``exit/sync``): each step is synchronous (the rank blocks on ``go`` without
+awaiting, so the signal arrives while no event loop runs) and the rank does not wait for the
+handler to report ``noted``.
 ``ON_PREEMPT+TIER`` (``exit+fast``, ``exit+slow``, ``exit+outage``): a tiered manager, its local
 tier ``ROOT/local``, its remote ``ROOT/run`` (``fast``), the same capped at 2 kB/s so a drain
 outlasts any deadline (``slow``), or under the file ``ROOT/blocker`` (``outage``: drains fail).
@@ -37,6 +40,7 @@ def state_of(rank: int, step: int) -> dict[str, Any]:
 async def train(root: Path, on_preempt: str, deadline: float, up: TextIO, go: TextIO) -> dict[str, Any]:
     rank = world()[0]
     options: dict[str, Any] = {"chunk_size": 1 << 20, "num_buffers": 4}
+    on_preempt, _, kind = on_preempt.partition("/")
     on_preempt, _, tier = on_preempt.partition("+")
     remote = root / "run"
     if tier:
@@ -64,11 +68,14 @@ async def train(root: Path, on_preempt: str, deadline: float, up: TextIO, go: Te
 
     try:
         async with mgr:
-            watcher = asyncio.create_task(report_signal())
+            watcher = asyncio.create_task(report_signal() if kind != "sync" else asyncio.sleep(0))
             for step in range(1, 1000):
                 up.write(f"{os.getpid()} {step}\n")
                 up.flush()
-                await asyncio.to_thread(go.readline)  # the test may signal us meanwhile
+                if kind == "sync":  # a training step that never awaits: no event loop runs
+                    go.readline()
+                else:
+                    await asyncio.to_thread(go.readline)  # the test may signal us meanwhile
                 if await mgr.maybe_save(step, state_of(rank, step)) and mgr.preempted:
                     result["returned"] = step  # on_preempt="continue"
                     break

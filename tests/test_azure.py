@@ -42,7 +42,7 @@ from asyncckpt.sinks import leftovers
 from asyncckpt.sinks.azure.config import AzureSettings, parse_az_uri
 from asyncckpt.sinks.registry import capabilities
 
-from .conftest import ROOT, holds_stream
+from .conftest import ROOT, holds_stream, run_bench
 from .s3_harness import azure_options
 
 PART = 5 * MiB
@@ -220,6 +220,50 @@ async def test_error_table(
         assert "cannot reach the endpoint" in text
     if case == "missing container":
         assert "no-such-container" in text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_store_error_is_one_line_with_the_servers_code_and_message(
+    azurite_endpoint: AzureEndpoint, backend: str
+) -> None:
+    """Azure's message ends in ``RequestId:`` and ``Time:`` lines (obstore-azure printed three
+    lines), and s3dlio's text gave ``404: <?xml version="1.0" ...?>`` and nothing of the error."""
+    opts = azure_options(azurite_endpoint, backend, max_attempts=1)
+    async with AsyncCheckpointer(chunk_size=PART, backend=backend, backend_options=opts) as ckpt:
+        with pytest.raises(TargetNotFoundError) as saving:
+            await ckpt.save("az://no-such-container/x.bin", 1000)
+        with pytest.raises(TargetNotFoundError) as listing:
+            async with CheckpointManager("az://no-such-container/run", checkpointer=ckpt) as mgr:
+                await mgr.restore()
+    for caught in (saving, listing):
+        text = str(caught.value)
+        assert "\n" not in text and "RequestId" not in text and "Time:" not in text and "<?xml" not in text
+        assert "ContainerNotFound: The specified container does not exist." in text, text
+
+
+def test_ls_of_an_az_root_and_its_help_naming_the_schemes(
+    azurite_endpoint: AzureEndpoint, az_container: str, tmp_path: Path
+) -> None:
+    """``ls --help`` said "a directory or s3://bucket/prefix", so a user of az:// was left to
+    guess; ``ls`` of an az:// root lists its steps (credentials from the AZURE_* variables)."""
+    shown = run_bench("ls", "--help", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    for scheme in ("az://container/prefix", "s3://bucket/prefix", "file://", "direct://"):
+        assert scheme in text, text
+    assert "AZURE_STORAGE_" in text and "AWS_" in text
+    root = f"az://{az_container}/run"
+
+    async def one_step() -> None:
+        options = azure_options(azurite_endpoint, "obstore-azure")
+        async with CheckpointManager(root, chunk_size=PART, backend_options=options) as mgr:
+            await mgr.maybe_save(4, {"x": np.zeros(10, np.int32)}, metrics={"loss": 0.5})
+
+    asyncio.run(one_step())
+    listed = run_bench("ls", root, cwd=tmp_path, env=azurite_endpoint.env())
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[2].split()[:2] == ["4", "committed"]
+    assert listed.stdout.splitlines()[-1] == f"1 step(s) under {root}, 1 committed"
 
 
 @pytest.fixture

@@ -69,6 +69,22 @@ def test_only_provably_dead_saves_are_collected_unless_an_age_is_given(tmp_path:
     assert "its process is running" in old.stdout
 
 
+def test_a_managers_root_is_searched_in_its_step_directories(tmp_path: Path) -> None:
+    """A killed rank leaves its temporary inside ``step-<n>/``: cleanup of the manager's root
+    said "0 leftover(s)" and left it. Other directories are not searched."""
+    (tmp_path / "step-5").mkdir()
+    (tmp_path / "step-5" / "OWNER.json").write_text("{}")
+    dead = temp(tmp_path / "step-5", dead_pid())
+    alive = temp(tmp_path / "step-5", os.getpid())
+    (tmp_path / "data").mkdir()
+    theirs = temp(tmp_path / "data", dead_pid())  # not a step directory: not the manager's
+    run = run_bench("cleanup", str(tmp_path), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "2 leftover(s), 1 removed" in run.stdout, run.stdout
+    assert str(dead) in run.stdout and not dead.exists()
+    assert alive.exists() and theirs.exists() and (tmp_path / "step-5" / "OWNER.json").exists()
+
+
 def test_aside_names_of_replaced_files_follow_the_owner_rule(tmp_path: Path) -> None:
     """An overwrite links the replaced file to a hidden aside name before its rename; one a
     dead save left is collected like its temporaries, a live one's and a user's never."""
@@ -88,6 +104,19 @@ def test_aside_names_of_replaced_files_follow_the_owner_rule(tmp_path: Path) -> 
     assert not dead.exists() and "1 removed" in run.stdout, run.stdout
     assert alive.exists() and mine.read_bytes() == b"keep me"
     assert (tmp_path / "ck.bin").read_bytes() == b"published"
+
+
+def test_a_path_that_does_not_exist_is_an_error_unless_a_save_to_it_left_something(tmp_path: Path) -> None:
+    """``cleanup /nonexistent`` printed "0 leftover(s), 0 removed" and rc 0: a mistyped path
+    looked clean. A checkpoint path whose save died before publishing it is still searched."""
+    run = run_bench("cleanup", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.startswith("asyncckpt.bench cleanup: error: no such file or directory")
+    assert repr(str(tmp_path / "nowhere")) in run.stderr and len(run.stderr.splitlines()) == 1
+    dead = temp(tmp_path, dead_pid())  # a save of tmp_path/ck.bin, killed before it published
+    unpublished = run_bench("cleanup", str(tmp_path / "ck.bin"), cwd=tmp_path)
+    assert unpublished.returncode == 0 and "1 leftover(s), 1 removed" in unpublished.stdout
+    assert not dead.exists()
 
 
 def test_a_bad_age_is_refused_before_anything(tmp_path: Path) -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import signal
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from asyncckpt import CheckpointManager
@@ -63,6 +65,32 @@ async def test_a_record_without_metadata_stays_readable(tmp_path: Path) -> None:
     assert names(tmp_path) == ["step-2"] and mgr.stats.deleted == [1]
 
 
+async def test_milestones_off_the_cadence_are_saved_and_kept(tmp_path: Path) -> None:
+    """every_n_steps=3 with keep_every_n_steps=5: steps 5 and 10 were never saved (not
+    multiples of 3), so the milestone policy kept nothing and keep_last=1 left step 9 only."""
+    async with CheckpointManager(
+        tmp_path, every_n_steps=3, keep_every_n_steps=5, keep_last=1, **OPTIONS
+    ) as mgr:
+        started = [step for step in range(1, 12) if await mgr.maybe_save(step, state_of(step))]
+        await mgr.wait()
+    assert started == [3, 5, 6, 9, 10]
+    assert mgr.stats.deleted == [3, 6, 9]
+    assert names(tmp_path) == ["step-10", "step-5"]
+
+
+async def test_a_milestone_is_not_skipped_while_a_save_is_pending(tmp_path: Path) -> None:
+    ckpt = GatedCheckpointer(**OPTIONS)
+    async with (
+        ckpt,
+        CheckpointManager(tmp_path, when_busy="skip", keep_every_n_steps=2, checkpointer=ckpt) as mgr,
+    ):
+        assert await mgr.maybe_save(1, state_of(1))  # staged; its write waits at the gate
+        waiting = asyncio.create_task(mgr.maybe_save(2, state_of(2)))  # a milestone: it waits
+        ckpt.gate.set()
+        assert await waiting
+    assert mgr.stats.skipped == [] and mgr.stats.saved == [1, 2] and [s for s, _ in mgr.stats.waited] == [2]
+
+
 async def test_every_seconds_follows_the_injected_clock(tmp_path: Path) -> None:
     clock = [1000.0]
     async with CheckpointManager(tmp_path, every_seconds=60, clock=lambda: clock[0], **OPTIONS) as mgr:
@@ -103,6 +131,71 @@ def test_bad_policies_are_refused_before_any_io(tmp_path: Path, kwargs: dict[str
     with pytest.raises(ConfigError, match=message):
         CheckpointManager(root, **kwargs, **OPTIONS)
     assert not root.exists()
+
+
+HUGE = 10**400  # an int Python holds, a float cannot: float() and math.isfinite() overflow
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"checkpointer": 5}, "checkpointer must be an AsyncCheckpointer, got 5"),
+        ({"checkpointer": "fast"}, "checkpointer must be an AsyncCheckpointer, got 'fast'"),
+        ({"keep_younger_than": HUGE}, r"keep_younger_than must be a positive number of seconds, got 1000"),
+        ({"every_seconds": HUGE}, r"every_seconds must .*got 10000000000000000000\.\.\. \(401 characters\)"),
+        ({"save_on_signal": signal.SIGUSR1, "preempt_deadline_s": HUGE}, "preempt_deadline_s must be"),
+        ({"local": "LOCAL", "drain_bandwidth": HUGE}, "drain_bandwidth must be a positive number"),
+    ],
+)  # fmt: skip
+def test_a_wrong_type_or_a_huge_number_is_a_config_error_naming_it(
+    tmp_path: Path, kwargs: dict[str, Any], message: str
+) -> None:
+    """checkpointer=5 raised AttributeError ('int' object has no attribute 'storage'); seconds
+    of 10**400 raised OverflowError from math.isfinite."""
+    if kwargs.get("local") == "LOCAL":
+        kwargs = {**kwargs, "local": tmp_path / "local"}
+    with pytest.raises(ConfigError, match=message):
+        CheckpointManager(tmp_path / "run", **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_huge_counts_are_accepted_and_a_huge_metric_refused(tmp_path: Path) -> None:
+    async with CheckpointManager(tmp_path, keep_last=HUGE, keep_every_n_steps=HUGE, **OPTIONS) as mgr:
+        for step in (1, 2):
+            await mgr.maybe_save(step, state_of(step))
+        with pytest.raises(ConfigError, match=r"metric 'loss' must be finite, got 1000"):
+            await mgr.maybe_save(3, state_of(3), metrics={"loss": HUGE})
+    assert mgr.stats.saved == [1, 2] and mgr.stats.deleted == []
+
+
+async def test_a_numpy_integer_step_is_a_step(tmp_path: Path) -> None:
+    """``maybe_save(np.int64(step), ...)`` (a step counted in NumPy) was refused: "step must be
+    a non-negative integer, got 3"."""
+    async with CheckpointManager(tmp_path, keep_last=1, **OPTIONS) as mgr:
+        for step in np.arange(1, 4, dtype=np.int64):
+            assert await mgr.maybe_save(step, state_of(int(step)))
+        with pytest.raises(ConfigError, match=r"step must be a non-negative integer, got (np\.)?True"):
+            await mgr.maybe_save(np.True_, state_of(4))  # type: ignore[arg-type]
+        await mgr.wait()
+        assert await mgr.restore() == 3
+    assert mgr.stats.saved == [1, 2, 3] and all(type(s) is int for s in mgr.stats.saved)
+    assert json.loads((tmp_path / "step-3" / COMMIT).read_text())["step"] == 3
+
+
+async def test_a_restart_without_restore_over_later_steps_is_refused(tmp_path: Path) -> None:
+    """A second run that did not restore() saved steps 1-3 beside the first run's 4 and 5: its
+    next restart restored step 5, the first run's, and this run's progress was lost."""
+    async with CheckpointManager(tmp_path, keep_last=2, **OPTIONS) as first:
+        for step in range(1, 6):
+            await first.maybe_save(step, state_of(step))
+    async with CheckpointManager(tmp_path, keep_last=2, **OPTIONS) as second:
+        with pytest.raises(ConfigError, match=r"holds committed steps \[4, 5\] of an earlier run"):
+            await second.maybe_save(1, state_of(1))
+    assert names(tmp_path) == ["step-4", "step-5"] and second.stats.saved == []
+    async with CheckpointManager(tmp_path, keep_last=2, **OPTIONS) as rolled_back:
+        assert await rolled_back.restore() == 5
+        assert await rolled_back.maybe_save(3, state_of(3))  # after restore(): a rollback, as asked
+    assert rolled_back.stats.saved == [3]
 
 
 async def test_bad_metrics_are_refused_before_any_io(tmp_path: Path) -> None:
@@ -147,6 +240,48 @@ def test_ls_prints_a_table_and_json(tmp_path: Path) -> None:  # not async: it wa
         (3, False, None),
     ]
     assert doc["steps"][0]["world_size"] == 1 and doc["steps"][0]["size_bytes"] > 400_000
+
+
+def test_ls_shows_a_metric_that_is_not_a_number(tmp_path: Path) -> None:
+    """A record written by something else (``"loss": "n/a"``): ls died in ``{v:g}`` with a
+    ValueError traceback."""
+    asyncio.run(two_steps(tmp_path))
+    path = tmp_path / "step-1" / COMMIT
+    record = json.loads(path.read_text())
+    record["metadata"]["metrics"] = {"loss": "n/a", "acc": 0.25}
+    path.write_text(json.dumps(record))
+    table = run_bench("ls", str(tmp_path), cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[2].endswith("acc=0.25 loss='n/a'")
+
+
+async def test_a_step_whose_record_is_unreadable_is_kept_and_said_so(tmp_path: Path) -> None:
+    """Its record damaged, step 1 stopped the manager's start (IntegrityError); were it read,
+    retention would judge it. It is kept and listed in stats.left, and later steps are pruned."""
+    async with CheckpointManager(tmp_path, **OPTIONS) as mgr:
+        await mgr.maybe_save(1, state_of(1))
+    (tmp_path / "step-1" / COMMIT).write_text('{"step": 1, "world_size": ')  # cut short
+    async with CheckpointManager(tmp_path, keep_last=1, **OPTIONS) as mgr:
+        for step in (2, 3):
+            await mgr.maybe_save(step, state_of(step))
+    assert mgr.stats.saved == [2, 3] and mgr.stats.deleted == [2] and mgr.stats.failed == []
+    assert [step for step, _ in mgr.stats.left] == [1] and "unreadable" in mgr.stats.left[0][1]
+    assert names(tmp_path) == ["step-1", "step-3"]
+
+
+def test_ls_lists_an_unreadable_step_and_exits_1(tmp_path: Path) -> None:
+    asyncio.run(two_steps(tmp_path))
+    (tmp_path / "step-1" / COMMIT).write_text("not json")
+    table = run_bench("ls", str(tmp_path), cwd=tmp_path)
+    assert table.returncode == 1 and "Traceback" not in table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[2].split() == ["1", "unreadable"] and lines[3].split()[:2] == ["2", "committed"]
+    assert lines[-1] == f"2 step(s) under {tmp_path}, 1 committed, 1 unreadable"
+    assert table.stderr.startswith("asyncckpt.bench ls: step 1:") and "not a JSON record" in table.stderr
+    listing = run_bench("ls", str(tmp_path), "--json", cwd=tmp_path)
+    assert listing.returncode == 1
+    first = json.loads(listing.stdout)["steps"][0]
+    assert first["step"] == 1 and not first["committed"] and "not a JSON record" in first["unreadable"]
 
 
 def test_ls_of_a_missing_root_is_one_line_and_rc_2(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -175,6 +176,45 @@ async def test_sigterm_exits_with_128_plus_signum(tmp_path: Path) -> None:
     assert out["exit"] == 143 and out["handler_back"]
     check_record(out["record"], 3)
     await assert_committed_exactly(tmp_path / "run", 3, 1)
+
+
+def delivered(pid: int, signum: int) -> bool:
+    """The kernel has handed ``signum`` to the process (no longer pending in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    lines = [line for line in status.splitlines() if line.startswith(("SigPnd", "ShdPnd"))]
+    pending = [int(line.split()[1], 16) for line in lines]
+    return not any(mask & (1 << (signum - 1)) for mask in pending)
+
+
+def test_sigterm_during_a_synchronous_step_is_seen_by_the_next_maybe_save(tmp_path: Path) -> None:
+    """The signal arrives while the loop is in a step that never awaits (no event loop runs, so
+    an event-loop handler cannot run): the very next maybe_save saves that step and exits 143.
+    Before, the flag was set only when the loop next ran, so maybe_save(3) passed and a later
+    step (4, 5) was saved instead."""
+    with training(tmp_path, "exit/sync") as (proc, ends):
+        (end,) = ends
+        for _ in range(1, 3):
+            end.next_step(proc)
+            end.release()
+        pid, step = end.next_step(proc)  # blocked in its synchronous step 3
+        assert step == 3
+        os.kill(pid, signal.SIGTERM)
+        while not delivered(pid, signal.SIGTERM):  # polled: the kernel hands it on at once
+            time.sleep(0.001)
+        end.release()
+        later = []  # the steps it went on to: none once fixed (before: 4 and 5)
+        while select.select([end.up], [], [], 60)[0] and (chunk := os.read(end.up, 4096)):
+            later += [int(line.split()[1]) for line in chunk.splitlines()]
+            end.release()
+        proc.wait(90)
+    assert later == []
+    err = stderr_of(tmp_path)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    out = result(tmp_path)
+    assert out["exit"] == 143, out
+    check_record(out["record"], 3)
+    assert out["saved"] == [2, 3]
+    asyncio.run(assert_committed_exactly(tmp_path / "run", 3, 1))
 
 
 async def test_a_tiered_run_says_the_step_reached_the_remote_within_the_deadline(tmp_path: Path) -> None:

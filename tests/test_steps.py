@@ -15,6 +15,7 @@ from asyncckpt import (
     AsyncCheckpointer,
     CheckpointManager,
     ConfigError,
+    IntegrityError,
     Shard,
     StepNotCommittedError,
     StoragePermissionError,
@@ -141,6 +142,34 @@ async def test_a_record_with_a_field_of_a_later_version_is_read(tmp_path: Path) 
         found = await read_commit(c, tmp_path, 3)
         assert found is not None and found.step == 3
         assert (await c.load_step(tmp_path)).step == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("sizes", "big", "field 'sizes' must be a list of 1 byte counts, got 'big'"),
+        ("sizes", [-1], "field 'sizes'"),
+        ("step", "3", "field 'step' must be a non-negative integer, got '3'"),
+        ("world_size", True, "field 'world_size' must be a positive integer"),
+        ("objects", ["a", "b"], "field 'objects' must be a list of 1 object names"),
+        ("committed_at", "today", "field 'committed_at'"),
+        ("metadata", [1], "field 'metadata' must be an object or null"),
+        ("index", 5, "field 'index'"),
+        ("checksums", {"asyncckpt-index.json": 5}, "field 'checksums'"),
+    ],
+)
+async def test_a_record_with_a_wrong_typed_field_is_refused_naming_it(
+    tmp_path: Path, field: str, value: object, named: str
+) -> None:
+    """A record edited by hand: ``sizes: "big"`` reached load_step's size check ("an object
+    of b"), ls died in ``sum()`` with a TypeError traceback."""
+    async with files_ckpt() as c:
+        await c.save_step(tmp_path, 3, state_of(3))
+        path = tmp_path / "step-3" / COMMIT
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, field: value}))
+        with pytest.raises(IntegrityError, match=named):
+            await read_commit(c, tmp_path, 3)
 
 
 async def test_bad_input_is_refused_before_any_io(tmp_path: Path) -> None:
@@ -439,3 +468,49 @@ async def test_a_refused_state_touches_no_step(tmp_path: Path, bad: str, staging
         assert sorted(os.listdir(root)) == ["step-1"]
         got = await c.load_step(root)
     assert got.step == 1 and got.state["step"] == 1
+
+
+async def test_a_listing_that_fails_during_retention_is_recorded_and_raised(
+    moto_endpoint: S3Endpoint,
+) -> None:
+    """Retention lists the root after each commit; a listing the store refuses was a failed
+    background task nobody read: nothing in stats, nothing raised, old steps silently kept."""
+    bucket = await asyncio.to_thread(new_bucket, moto_endpoint)
+    front = FaultyFront(moto_endpoint.endpoint, "deny", lambda line: False, times=1000)
+    url = await front.start()
+    options: dict[str, Any] = {"chunk_size": CHUNK, "num_buffers": 3, "backend": "aiobotocore"}
+    options["backend_options"] = moto_endpoint.options(endpoint_url=url)
+    try:
+        async with CheckpointManager(f"s3://{bucket}/run", keep_last=1, staging="none", **options) as mgr:
+            await mgr.maybe_save(1, state_of(1))
+            await mgr.wait()
+            front.match = lambda line: line.startswith("GET ") and "list-type=2" in line
+            await mgr.maybe_save(2, state_of(2))
+            with pytest.raises(StoragePermissionError):
+                await mgr.wait()
+            assert front.spoiled
+            assert [(step, why.split(":")[0]) for step, why in mgr.stats.failed] == [(2, "retention")]
+            front.match = lambda line: False
+    finally:
+        await front.stop()
+    assert mgr.stats.saved == [1, 2] and mgr.stats.deleted == []
+
+
+async def test_a_zero_padded_directory_or_a_stray_file_is_not_a_step(tmp_path: Path) -> None:
+    """``step-007`` beside ``step-7`` was step 7 again (listed twice, "deleted" twice), and a
+    file named ``step-9`` stopped the manager: stat 'step-9/COMMITTED.json': Not a directory."""
+    options: dict[str, Any] = {"chunk_size": MiB, "num_buffers": 4}
+    async with CheckpointManager(tmp_path, **options) as mgr:
+        await mgr.maybe_save(7, state_of(7))
+    (tmp_path / "step-007").mkdir()
+    (tmp_path / "step-007" / "notes.txt").write_text("mine")
+    (tmp_path / "step-9").write_text("a file of mine")
+    async with files_ckpt() as ckpt:
+        assert await steps_under(ckpt, str(tmp_path)) == [7]
+    async with CheckpointManager(tmp_path, keep_last=1, **options) as mgr:
+        assert await mgr.restore() == 7
+        assert [c.step for c in await mgr.steps()] == [7]
+        await mgr.maybe_save(10, state_of(10))
+    assert mgr.stats.deleted == [7] and mgr.stats.left == [] and mgr.stats.failed == []
+    assert names(tmp_path) == ["step-007", "step-10", "step-9"]  # theirs, untouched
+    assert (tmp_path / "step-007" / "notes.txt").read_text() == "mine"

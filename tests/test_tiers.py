@@ -221,6 +221,27 @@ async def test_a_full_local_disk_says_so_and_the_previous_step_restores(tmp_path
         assert np.array_equal(into["model"]["w"], state_of(1)["model"]["w"])
 
 
+async def test_steps_lists_both_tiers_or_the_one_asked_for(tmp_path: Path) -> None:
+    """With local=, mgr.steps() listed the local tier only: steps 1 and 2, drained and pruned
+    locally (keep_local=1), were missing though the remote holds them."""
+    local, remote = tiers_of(tmp_path)
+    async with CheckpointManager(remote, local=local, keep_local=1, **OPTIONS) as mgr:
+        for step in (1, 2, 3):
+            await mgr.maybe_save(step, state_of(step))
+            await mgr.wait()  # drained and remote-committed before the next prunes the local copy
+        both = await mgr.steps()
+        assert [r.step for r in both] == [1, 2, 3]
+        here, there = await mgr.steps(tier="local"), await mgr.steps(tier="remote")
+        with pytest.raises(ConfigError, match="tier must be one of local, remote, got 'nvme'"):
+            await mgr.steps(tier="nvme")  # type: ignore[arg-type]
+    assert committed(local) == [3] and committed(remote) == [1, 2, 3]
+    assert [r.step for r in here] == [3] and [r.step for r in there] == [1, 2, 3]
+    assert all((r.metadata or {}).get("tiers") for r in both)  # the remote record, where there is one
+    async with CheckpointManager(remote, **OPTIONS) as plain:
+        with pytest.raises(ConfigError, match="tier= applies to a manager with local="):
+            await plain.steps(tier="local")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -235,6 +256,25 @@ def test_bad_tier_input_is_refused_naming_it(tmp_path: Path, kwargs: dict[str, A
     options: dict[str, Any] = {"local": tmp_path / "local", **OPTIONS, **kwargs}
     with pytest.raises(ConfigError, match=message):
         CheckpointManager(tmp_path / "remote", **options)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"keep_local": 5}, r"keep_local=5 set\(s\) the local tier, but no local= was given"),
+        ({"drain_when_busy": "skip", "max_queued_drains": 3}, "drain_when_busy='skip', max_queued_drains=3"),
+        ({"drain_bandwidth": 1e6}, "drain_bandwidth=1000000.0"),
+        ({"keep_local": 0}, "keep_local=0"),
+    ],
+)
+def test_local_tier_options_without_local_are_refused_naming_them(
+    tmp_path: Path, kwargs: dict[str, Any], message: str
+) -> None:
+    """``keep_local=5`` without ``local=`` ran untiered without a word (the user believed the
+    steps were kept on the fast tier and drained)."""
+    with pytest.raises(ConfigError, match=message):
+        CheckpointManager(tmp_path / "remote", **OPTIONS, **kwargs)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_file_given_as_the_local_tier_is_named_as_local(tmp_path: Path) -> None:

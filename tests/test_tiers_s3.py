@@ -138,3 +138,32 @@ async def test_an_s3_stall_during_a_drain_keeps_the_step_local_and_is_retried(
     finally:
         await front.stop()
     assert tiers.remote_committed == [1, 2] and len(tiers.drain_failures) == 1
+
+
+async def test_a_remote_listing_that_fails_during_retention_is_recorded(
+    moto_endpoint: S3Endpoint, tmp_path: Path
+) -> None:
+    """Remote retention lists the remote after each remote commit; a listing the store refused
+    ended the remote-commit task with nobody reading it: nothing in stats.tiers, nothing logged."""
+    bucket = await asyncio.to_thread(new_bucket, moto_endpoint)
+    front = FaultyFront(moto_endpoint.endpoint, "deny", lambda line: False, times=1000)
+    url = await front.start()
+    options: dict[str, Any] = {"chunk_size": CHUNK, "num_buffers": 4, "backend": "aiobotocore"}
+    options["backend_options"] = moto_endpoint.options(endpoint_url=url)
+    local = tmp_path / "local"
+    local.mkdir()
+    try:
+        async with CheckpointManager(f"s3://{bucket}/run", local=local, keep_last=1, **options) as mgr:
+            await mgr.maybe_save(1, state_of(1))
+            await mgr.wait()
+            front.match = lambda line: line.startswith("GET ") and "list-type=2" in line
+            await mgr.maybe_save(2, state_of(2))
+            await mgr.wait()
+            front.match = lambda line: False
+    finally:
+        await front.stop()
+    tiers = mgr.stats.tiers
+    assert tiers is not None and front.spoiled
+    assert tiers.remote_committed == [1, 2] and tiers.remote_deleted == []
+    assert [step for step, _ in tiers.retention_failures] == [2]
+    assert "could not list" in tiers.retention_failures[0][1]

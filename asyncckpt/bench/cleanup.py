@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from ..errors import TargetNotFoundError
 from ..results.text import format_table
+from ..sinks import local_path
 from ..sinks.leftovers import Leftover, find, remove, unlisted_note
 from ..units import parse_duration
 from .parsing import Parser
@@ -50,6 +52,11 @@ async def _run(target: str, older_than: float | None, dry_run: bool) -> int:
     note = unlisted_note(target)
     if note is not None:
         print(note)
+    where = local_path(target)
+    if where is not None and not found and not where.exists():  # a mistyped path, not "all clean"
+        raise TargetNotFoundError(
+            f"no such file or directory {target!r} (nor a temporary of a save to it beside it)"
+        )
     removed = [] if dry_run else await remove(found, target)
     gone = {x.where for x in removed}
     rows = [(x.kind, x.where, _age(x.age_s), x.owner, f"{_action(x, gone, dry_run)}: {x.why}") for x in found]

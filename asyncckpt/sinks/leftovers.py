@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -50,13 +51,33 @@ def _judge(state: str, age_s: float, older_than: float | None) -> tuple[bool, st
     return False, "owner unknown: give --older-than to remove"
 
 
+#: a CheckpointManager's step directory under its root, as ``asyncckpt.steps`` names them
+#: (that layer sits above this one)
+STEP_DIR = re.compile(r"^step-(0|[1-9]\d{0,18})$")
+
+
 def file_leftovers(target: str | os.PathLike[str], older_than: float | None = None) -> list[Leftover]:
-    """Temporaries in a directory (or those of one file, given its path). Blocking: run it
-    in a thread from async code."""
+    """Temporaries in a directory and in its step directories (``step-<n>/``: a manager's
+    root, whose ranks write inside them), or those of one file, given its path. Blocking: run
+    it in a thread from async code."""
     path = path_from_uri(os.fspath(target))
     directory, only = (path, None) if path.is_dir() else (path.parent, path.name)
     if not directory.is_dir():
         raise ConfigError(f"{str(directory)!r} is not a directory")
+    searched = [directory]
+    if only is None:
+        with os.scandir(directory) as entries:
+            steps = [
+                Path(e.path) for e in entries if STEP_DIR.match(e.name) and e.is_dir(follow_symlinks=False)
+            ]
+        searched += sorted(steps)
+    found: list[Leftover] = []
+    for where in searched:
+        found += _temporaries(where, only, older_than)
+    return sorted(found, key=lambda x: x.where)
+
+
+def _temporaries(directory: Path, only: str | None, older_than: float | None) -> list[Leftover]:
     found = []
     now = time.time()
     with os.scandir(directory) as entries:
@@ -75,7 +96,7 @@ def file_leftovers(target: str | os.PathLike[str], older_than: float | None = No
             removable, why = _judge(state, age, older_than)
             kind = "replaced file" if owner is not None and owner.replaced else "temporary file"
             found.append(Leftover(entry.path, kind, age, who, removable, why))
-    return sorted(found, key=lambda x: x.where)
+    return found
 
 
 async def s3_leftovers(uri: str, older_than: float | None, options: dict[str, Any]) -> list[Leftover]:

@@ -84,6 +84,10 @@ def s3dlio_error_fields(exc: Exception) -> ErrorFields | None:
     )
     status = int(m.group(1)) if (m := re.search(r"\b(403|404|503)\b", text)) else None
     unreachable = status is None and any(w in text.lower() for w in _UNREACHABLE)
+    body = re.search(r"<Code>([^<]*)</Code>\s*<Message>([^<]*)</Message>", text)
+    if body is not None:  # the server's XML after "404: ": its code and message say what failed
+        head = text.split("<?xml", 1)[0].strip().rstrip(":")
+        return ErrorFields(code or body[1], f"{head}: {body[1]}: {body[2]}"[:500], status, unreachable)
     return ErrorFields(code, text.splitlines()[0][:500], status, unreachable)
 
 

@@ -51,6 +51,21 @@ class ErrorVocabulary:
         return whole_words(self.denied)
 
 
+_XML_DECLARATION = re.compile(r"<\?xml[^>]*\?>")
+#: lines of a server's message that name the request, not the error (Azure's ``RequestId:``
+#: and ``Time:``, after its message, inside the XML body)
+_REQUEST_LINES = ("RequestId:", "Time:")
+
+
+def one_line(text: str) -> str:
+    """A store's message as one line with its useful part: without Azure's ``RequestId:`` and
+    ``Time:`` lines and an XML declaration, the rest joined by spaces."""
+    text = _XML_DECLARATION.sub("", text)
+    lines = [line.strip() for line in text.splitlines()]
+    kept = " ".join(line for line in lines if line and not line.startswith(_REQUEST_LINES))
+    return kept.rstrip(": ")
+
+
 def matches(pattern: re.Pattern[str] | None, text: str) -> bool:
     return pattern is not None and pattern.search(text) is not None
 
@@ -58,9 +73,10 @@ def matches(pattern: re.Pattern[str] | None, text: str) -> bool:
 def classify(fields: ErrorFields, what: str, vocabulary: ErrorVocabulary) -> StorageError:
     """The asyncckpt error for what a library said: unavailable (503), missing (404), denied
     (403), unreachable, else a plain storage error. Codes match as whole words only."""
-    text = f"{what}: {fields.message or fields.code or 'no message'}"
+    message = one_line(fields.message)
+    text = f"{what}: {message or fields.code or 'no message'}"
     if fields.unreachable:
-        text = f"{what}: cannot reach the endpoint ({fields.message})"
+        text = f"{what}: cannot reach the endpoint ({message})"
     code = fields.code or ("" if fields.status is None else str(fields.status))
     v = vocabulary
     if fields.status == 503 or any(m in code or m in fields.message for m in v.unavailable):
