@@ -42,9 +42,11 @@ from urllib.parse import quote, urlsplit
 from ...blocking import run_blocking
 from ...checksum import crc
 from ...errors import IntegrityError, MissingDependencyError, StorageError
+from ...secrets import Secret
 from ..objstore.append import InOrder
 from ..objstore.base import ObjectStoreSink
 from ..objstore.errors import ErrorFields, ErrorVocabulary
+from .auth import TokenSource
 from .config import GcsSettings, parse_gs_uri, plan_chunks
 
 log = logging.getLogger("asyncckpt")
@@ -54,7 +56,8 @@ GCS_ERRORS = ErrorVocabulary(
     not_found=("notFound",),
     denied=("forbidden", "unauthorized", "authError", "accessDenied", "insufficientPermissions"),
     unavailable=("backendError", "rateLimitExceeded"),
-    denied_hint=" (check the token: backend option token or GOOGLE_OAUTH_ACCESS_TOKEN)",
+    denied_hint=" (check the credential: backend option token or GOOGLE_OAUTH_ACCESS_TOKEN, or the "
+    "service-account key's account and roles)",
 )
 _BACKOFF_BASE_S = 0.1
 _BACKOFF_CAP_S = 5.0
@@ -175,10 +178,26 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
 
         return await self.shared.enter(("gcs", s.endpoint_url), make)
 
-    def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    def _token_source(self) -> TokenSource | None:
+        """The store's one source of tokens for a service-account key (None: no key in use)."""
+        s = self.settings
+        if s.service_account_key is None or s.client_email is None or s.token_uri is None:
+            return None
+        key, email, uri = s.service_account_key, s.client_email, s.token_uri
+        timeout = (s.connect_timeout, s.request_timeout)
+        return self.shared.get(("gcs-token", uri, email), lambda: TokenSource(key, email, uri, timeout))
+
+    async def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = dict(extra or {})
-        if self.settings.token is not None:
-            headers["Authorization"] = f"Bearer {self.settings.token.reveal()}"
+        token: Secret | None = self.settings.token
+        source = self._token_source()
+        if source is not None:
+            try:
+                token = await source.token(self.executor)
+            except StorageError as exc:  # the token endpoint's refusal, with the object's context
+                raise type(exc)(exc.errno, f"{self.what('get a token for')}: {exc.strerror}") from None
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token.reveal()}"
         return headers
 
     def _url(self, text: str) -> Any:
@@ -202,7 +221,8 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
         """One request; an answer not in ``ok`` raises :class:`GcsHttpError` (aiohttp's own
         exceptions pass through: the boundary maps them)."""
         client = await self._client()
-        async with client.request(method, self._url(url), data=data, headers=self._headers(headers)) as r:
+        sent = await self._headers(headers)
+        async with client.request(method, self._url(url), data=data, headers=sent) as r:
             body = await r.read()
             if r.status not in ok:
                 raise read_error(r.status, body)
@@ -384,7 +404,7 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
     async def _get_once(self, offset: int, buf: memoryview) -> int:
         """One ranged ``alt=media`` read into ``buf`` (repeatable: a retry overwrites it)."""
         client = await self._client()
-        headers = self._headers({"Range": f"bytes={offset}-{offset + len(buf) - 1}"})
+        headers = await self._headers({"Range": f"bytes={offset}-{offset + len(buf) - 1}"})
         async with client.get(self._url(self._object_url(media=True)), headers=headers) as r:
             if r.status not in (200, 206):
                 raise read_error(r.status, await r.read())
@@ -422,4 +442,7 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
         out = super().describe()
         out["upload"] = "resumable (JSON API), the final chunk sent at complete"
         out["crc32c"] = crc32c_b64(self._crc)
+        source = self._token_source()
+        if source is not None:
+            out["token_refreshes"] = source.refreshes
         return out
