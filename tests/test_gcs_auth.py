@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from asyncckpt.secrets import Secret
 from asyncckpt.servers.gcs_emulator import GcsEndpoint
 from asyncckpt.sinks.gcs import GcsSettings
 
+from .conftest import ROOT
 from .gcs_token_server import GOOGLE_AUDIENCE, KeyPair, TokenServer, key_pair
 from .relay import FaultyFront
 from .test_gcs import free_port, objects
@@ -253,3 +257,50 @@ async def test_a_writer_process_gets_its_own_token(
     assert saved.metadata.extra["isolation"] == "process" and tokens.bad == []
     seen = bearers(front)
     assert seen and set(seen) <= set(tokens.issued) and None not in seen, (seen, tokens.issued)
+
+
+_WITHOUT_GOOGLE_AUTH = """
+import asyncio, json, sys
+
+class Block:  # google-auth not installed: every google.* import fails, as it would
+    def find_spec(self, name, path=None, target=None):
+        if name == "google" or name.startswith("google."):
+            raise ImportError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, Block())
+from asyncckpt import AsyncCheckpointer
+
+async def main():
+    opts = {"endpoint_url": sys.argv[1], "service_account_key": sys.argv[2], "dotenv": False}
+    async with AsyncCheckpointer(chunk_size=1 << 20, backend_options=opts) as ckpt:
+        await ckpt.save("gs://bucket-1/x.bin", 1000)
+
+asyncio.run(main())
+"""
+
+
+def test_without_google_auth_a_key_is_a_missing_dependency_naming_the_extra(
+    tokens: TokenServer, tmp_path: Path
+) -> None:
+    """google-auth is imported on first use: without it, asyncckpt imports and a save with a
+    key says which extra to install (the key's JSON is passed in argv here only because it is
+    a test key of this test)."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _WITHOUT_GOOGLE_AUTH,
+            f"http://127.0.0.1:{free_port()}",
+            json.dumps(tokens.key_info()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 1 and "MissingDependencyError" in proc.stderr, proc.stderr[-2000:]
+    assert "'google-auth'" in proc.stderr and "pip install 'asyncckpt[gcs]'" in proc.stderr, proc.stderr[
+        -2000:
+    ]
+    assert tokens.grants == [] and not any(line in proc.stderr for line in tokens.keys.body_lines())
