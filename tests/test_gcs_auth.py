@@ -126,15 +126,19 @@ async def test_an_expired_token_is_refreshed_before_the_next_request(
     assert len(set(issued)) == len(issued)
 
 
+@pytest.mark.parametrize("size", [2 * PART + 1, 1000], ids=["resumable", "simple-upload-at-commit"])
 async def test_a_refused_key_is_a_permission_error_naming_the_account(
-    gcs_bucket: str, tokens: TokenServer, relay: tuple[FaultyFront, str]
+    gcs_bucket: str, tokens: TokenServer, relay: tuple[FaultyFront, str], size: int
 ) -> None:
+    """Refused at the session's start, or at the commit of a simple upload: then the error says
+    nothing was published (no request went out), not that the commit failed mid-way."""
     front, url = relay
     tokens.refuse = True  # the key was deleted: 400 invalid_grant
     info = tokens.key_info()
     async with checkpointer(url, service_account_key=json.dumps(info)) as ckpt:
         with pytest.raises(StoragePermissionError) as caught:
-            await ckpt.save(f"gs://{gcs_bucket}/refused.bin", 2 * PART + 1)
+            await ckpt.save(f"gs://{gcs_bucket}/refused.bin", size)
+    assert getattr(caught.value, "asyncckpt_published", None) is False
     text = str(caught.value)
     assert EMAIL in text and "invalid_grant" in text and tokens.uri in text and "gcs" in text, text
     assert "\n" not in text and not any(line in text for line in tokens.keys.body_lines())

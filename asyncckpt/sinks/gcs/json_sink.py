@@ -43,6 +43,7 @@ from ...blocking import run_blocking
 from ...checksum import crc
 from ...errors import IntegrityError, MissingDependencyError, StorageError
 from ...secrets import Secret
+from ..commit import note_publication
 from ..objstore.append import InOrder
 from ..objstore.base import ObjectStoreSink
 from ..objstore.errors import ErrorFields, ErrorVocabulary
@@ -221,7 +222,12 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
         """One request; an answer not in ``ok`` raises :class:`GcsHttpError` (aiohttp's own
         exceptions pass through: the boundary maps them)."""
         client = await self._client()
-        sent = await self._headers(headers)
+        try:
+            sent = await self._headers(headers)
+        except StorageError as exc:
+            if method in ("POST", "PUT"):  # a commit that failed for its token sent nothing
+                note_publication(exc, self.uri, published=False)
+            raise
         async with client.request(method, self._url(url), data=data, headers=sent) as r:
             body = await r.read()
             if r.status not in ok:
