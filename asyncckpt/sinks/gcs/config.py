@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from ... import env as env_vars
 from ...errors import ConfigError
-from ...secrets import Secret, as_secret, check_no_userinfo
+from ...secrets import Secret, as_secret, check_no_userinfo, masked_url
 from ...units import GiB, KiB, parse_size
 
 #: every chunk of a resumable upload but the last is a multiple of this (GCS's rule)
@@ -287,9 +287,10 @@ def check_service_account(info: Mapping[str, Any], where: str) -> dict[str, Any]
         )
     uri = urlsplit(info["token_uri"])
     if uri.scheme not in ("http", "https") or not uri.netloc or "@" in uri.netloc:
+        shown = masked_url(info["token_uri"])
         raise ConfigError(
-            f"the GCS service-account key ({where}): its field token_uri {info['token_uri']!r} is not "
-            "an http(s) URL without user information"
+            f"the GCS service-account key ({where}): its field token_uri {shown!r} is not an http(s) "
+            "URL without user information"
         )
     return dict(info)
 
