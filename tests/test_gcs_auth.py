@@ -12,8 +12,10 @@ import asyncio
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -159,6 +161,31 @@ async def test_an_unreachable_token_endpoint_is_a_storage_error(
     assert not isinstance(caught.value, StoragePermissionError)
     assert "cannot reach the token endpoint" in text and info["token_uri"] in text and EMAIL in text, text
     assert "\n" not in text and front.matched == []
+
+
+async def test_a_token_endpoint_that_never_answers_ends_in_a_storage_error_within_request_timeout(
+    gcs_bucket: str, tokens: TokenServer, relay: tuple[FaultyFront, str]
+) -> None:
+    """A listening socket that accepts (in the kernel) and never answers: the blocking refresh
+    in its worker thread gives up after request_timeout, and the save says so."""
+    front, url = relay
+    info = tokens.key_info()
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        info["token_uri"] = f"http://127.0.0.1:{silent.getsockname()[1]}/token"
+        started = time.monotonic()
+        async with checkpointer(url, service_account_key=json.dumps(info), request_timeout=0.5) as ckpt:
+            with pytest.raises(StorageError) as caught:
+                await ckpt.save(f"gs://{gcs_bucket}/silent.bin", 1000)
+        took = time.monotonic() - started
+    text = str(caught.value)
+    assert (
+        "no answer from the token endpoint" in text
+        and "within request_timeout 0.5 s" in text
+        and EMAIL in text
+    ), text
+    assert took < 10 and front.matched == []
 
 
 def bad_key_files(info: dict[str, str]) -> dict[str, tuple[object, str]]:

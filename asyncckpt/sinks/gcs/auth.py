@@ -127,14 +127,15 @@ class TokenSource:
                 "disabled) and its account exists",
             ) from None
         except errors.TransportError as exc:
-            reason = (
-                type(exc.args[0]).__name__
-                if exc.args and isinstance(exc.args[0], Exception)
-                else "TransportError"
-            )
+            cause = exc.args[0] if exc.args and isinstance(exc.args[0], Exception) else exc
+            name = type(cause).__name__
+            if "Timeout" in name and "Connect" not in name:
+                within = f"within request_timeout {self._timeout[1]:g} s"
+                problem = f"no answer from the token endpoint {self.token_uri} {within} ({name})"
+            else:
+                problem = f"cannot reach the token endpoint {self.token_uri} ({name})"
             raise StorageError(
                 errno.EIO,
-                f"cannot reach the token endpoint {self.token_uri} to exchange the GCS service-account "
-                f"key of {self.client_email} for a token ({reason})",
+                f"{problem} to exchange the GCS service-account key of {self.client_email} for a token",
             ) from None
         return credentials
