@@ -128,6 +128,33 @@ async def test_an_expired_token_is_refreshed_before_the_next_request(
     assert len(set(issued)) == len(issued)
 
 
+@pytest.mark.parametrize("where", ["simple upload", "ranged read"])
+async def test_a_token_refused_before_its_expiry_is_replaced_once(
+    gcs_endpoint: GcsEndpoint, gcs_bucket: str, tokens: TokenServer, where: str
+) -> None:
+    """GCS answers 401 to a key's token that google-auth still holds valid (revoked): the token
+    is dropped, a new one asked for, and the request sent once more with it."""
+    uri = f"gs://{gcs_bucket}/revoked.bin"
+
+    def first(line: str) -> bool:
+        return "uploadType=media" in line if where == "simple upload" else "alt=media" in line
+
+    front = FaultyFront(gcs_endpoint.url, "unauthorized", first, times=1)
+    url = await front.start()
+    try:
+        key = Secret(json.dumps(tokens.key_info()))
+        async with checkpointer(url, service_account_key=key) as ckpt:
+            await ckpt.save(uri, 1000)
+            loaded = await ckpt.load(uri)
+    finally:
+        await front.stop()
+    assert loaded.size_bytes == 1000 and tokens.bad == []
+    issued = tokens.issued
+    assert len(issued) == 2 and len(front.spoiled) == 1, (issued, front.spoiled)
+    refused, again = bearers(front)[:2]  # the 401 answered, then the same request once more
+    assert (refused, again) == (issued[0], issued[1]) and front.matched[0] == front.matched[1]
+
+
 @pytest.mark.parametrize("size", [2 * PART + 1, 1000], ids=["resumable", "simple-upload-at-commit"])
 async def test_a_refused_key_is_a_permission_error_naming_the_account(
     gcs_bucket: str, tokens: TokenServer, relay: tuple[FaultyFront, str], size: int

@@ -67,6 +67,7 @@ class TokenSource:
         self._credentials: Any = None
         self._request: Any = None
         self._lock = asyncio.Lock()
+        self._refused: str | None = None  # a token GCS answered 401 to: not used again
         self.refreshes = 0  # token requests made (tests and the run metadata count them)
 
     def __repr__(self) -> str:
@@ -100,15 +101,22 @@ class TokenSource:
         """A valid access token: the one held, or a new one (google-auth imported, the key read
         and the refresh made in a worker thread)."""
         credentials = self._credentials
-        if credentials is None or self._lock.locked() or not credentials.valid:
+        if credentials is None or self._lock.locked() or not self._usable(credentials):
             async with self._lock:  # the thread mutates the credentials: none is read meanwhile
                 credentials = self._credentials
-                if credentials is None or not credentials.valid:
+                if credentials is None or not self._usable(credentials):
                     self.refreshes += 1
                     credentials = self._credentials = await run_blocking(
                         executor, self._exchange, credentials
                     )
         return Secret(str(credentials.token))
+
+    def _usable(self, credentials: Any) -> bool:
+        return bool(credentials.valid) and credentials.token != self._refused
+
+    def refused(self, token: str) -> None:
+        """GCS refused ``token`` (401) before its expiry: the next caller gets a new one."""
+        self._refused = token
 
     def _exchange(self, credentials: Any) -> Any:
         """The refresh (blocking; the credentials built first if need be), its errors mapped to

@@ -88,6 +88,7 @@ class GcsHttpError(Exception):
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(f"HTTP {status} {reason}: {message}")
         self.status, self.reason, self.message = status, reason, message
+        self.sent: Mapping[str, str] = {}  # the request's headers (a refused token is in them)
 
 
 def read_error(status: int, body: bytes) -> GcsHttpError:
@@ -222,17 +223,30 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
         """One request; an answer not in ``ok`` raises :class:`GcsHttpError` (aiohttp's own
         exceptions pass through: the boundary maps them)."""
         client = await self._client()
-        try:
-            sent = await self._headers(headers)
-        except StorageError as exc:
-            if method in ("POST", "PUT"):  # a commit that failed for its token sent nothing
-                note_publication(exc, self.uri, published=False)
-            raise
-        async with client.request(method, self._url(url), data=data, headers=sent) as r:
-            body = await r.read()
-            if r.status not in ok:
-                raise read_error(r.status, body)
-            return r.status, r.headers, body
+        for first in (True, False):
+            try:
+                sent = await self._headers(headers)
+            except StorageError as exc:
+                if method in ("POST", "PUT"):  # a commit that failed for its token sent nothing
+                    note_publication(exc, self.uri, published=False)
+                raise
+            async with client.request(method, self._url(url), data=data, headers=sent) as r:
+                body = await r.read()
+                if r.status == 401 and first and self._token_refused(sent):
+                    continue  # once, with a new token: the request was not carried out
+                if r.status not in ok:
+                    raise read_error(r.status, body)
+                return r.status, r.headers, body
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _token_refused(self, sent: Mapping[str, str]) -> bool:
+        """GCS answered 401 to a key's token before its expiry (revoked): the token source
+        forgets it, and the caller may send its request once more. False for a fixed token."""
+        source = self._token_source()
+        if source is None:
+            return False
+        source.refused(sent.get("Authorization", "").removeprefix("Bearer "))
+        return True
 
     def transient(self, exc: BaseException) -> bool:
         """Worth another try: no answer, a timeout, a dropped connection, 5xx or 429."""
@@ -410,10 +424,21 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
     async def _get_once(self, offset: int, buf: memoryview) -> int:
         """One ranged ``alt=media`` read into ``buf`` (repeatable: a retry overwrites it)."""
         client = await self._client()
-        headers = await self._headers({"Range": f"bytes={offset}-{offset + len(buf) - 1}"})
+        ranged = {"Range": f"bytes={offset}-{offset + len(buf) - 1}"}
+        try:
+            return await self._get_into(client, ranged, offset, buf)
+        except GcsHttpError as exc:
+            if exc.status != 401 or not self._token_refused(exc.sent):
+                raise
+        return await self._get_into(client, ranged, offset, buf)  # once, with a new token
+
+    async def _get_into(self, client: Any, ranged: Mapping[str, str], offset: int, buf: memoryview) -> int:
+        headers = await self._headers(ranged)
         async with client.get(self._url(self._object_url(media=True)), headers=headers) as r:
             if r.status not in (200, 206):
-                raise read_error(r.status, await r.read())
+                err = read_error(r.status, await r.read())
+                err.sent = headers
+                raise err
             if r.status == 200 and offset:  # the whole object, not the range: never misplace bytes
                 raise GcsHttpError(200, "", f"the store ignored Range bytes={offset}-")
             n = 0
