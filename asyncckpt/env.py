@@ -20,7 +20,8 @@ Variables (meaning; default when unset):
 - ``S3DLIO_*`` (:data:`S3DLIO_VARIABLES`): s3dlio's own client settings; unset.
 - ``AZURE_STORAGE_*`` (:data:`AZURE_VARIABLES`): Azure Blob account, key, SAS, endpoint; unset.
 - ``STORAGE_EMULATOR_HOST``, ``GOOGLE_*`` (:data:`GCS_VARIABLES`): GCS emulator, credentials
-  (a bearer token; a service-account key is refused, docs/azure-gcs.md) and project; unset.
+  (a bearer token, or a service-account key: its JSON, or the file
+  ``GOOGLE_APPLICATION_CREDENTIALS`` names, read once) and project; unset.
 - ``XDG_CACHE_HOME``: where tools asyncckpt installs for tests live (Azurite); ``~/.cache``.
 - a ``.env`` file (``KEY=value`` lines, :func:`dotenv`): the S3, Azure and GCS settings' last
   source, after ``backend_options`` and the process environment; never exported.

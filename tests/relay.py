@@ -2,7 +2,8 @@
 
 ``FaultyFront`` relays HTTP to moto and spoils chosen requests: ``cut`` forwards the head and
 half the body of a request, then closes both connections (a reset mid-part); ``busy`` reads
-the request whole and answers ``503 SlowDown`` itself; ``deny`` answers ``403 AccessDenied``.
+the request whole and answers ``503 SlowDown`` itself; ``deny`` answers ``403 AccessDenied``,
+``unauthorized`` ``401``.
 ``short`` relays the request but cuts its response after 1 MiB; ``hold`` never forwards it
 (the client waits: a crash test kills it then, through ``on_spoil``); ``flip`` relays it with
 the last byte of its body inverted (corruption on the way); ``stall`` never forwards it and
@@ -44,6 +45,8 @@ def is_create(line: str) -> bool:
 ANSWERS = {
     "busy": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
     "deny": (403, "Forbidden", "AccessDenied", "Access Denied"),
+    # a credential refused before its expiry (GCS: a revoked token)
+    "unauthorized": (401, "Unauthorized", "authError", "Invalid Credentials"),
 }
 
 

@@ -10,6 +10,7 @@ path is slow (about 15 MB/s, docs/azure-gcs.md).
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.server
 import json
 import os
@@ -45,6 +46,7 @@ from asyncckpt.sinks.gcs import GcsSettings, parse_gs_uri
 from asyncckpt.sinks.registry import capabilities
 
 from .conftest import ROOT, holds_stream
+from .gcs_token_server import KeyPair, TokenServer, key_pair
 from .relay import FaultyFront
 from .s3_harness import gcs_options
 
@@ -377,36 +379,61 @@ async def test_a_stalled_request_ends_in_a_stall_error(
     assert await asyncio.to_thread(objects, ep, gcs_bucket) == []
 
 
-@pytest.mark.parametrize("mode", ["token", "token closed port", "service-account key"])
+@pytest.mark.parametrize(
+    "mode", ["token", "token closed port", "service-account key", "refused key", "malformed key"]
+)
 def test_secret_sweep(gcs_endpoint: GcsEndpoint, gcs_bucket: str, mode: str, tmp_path: Path) -> None:
     """A distinctive token or service-account key reaches no output channel (library and CLI,
-    DEBUG logs of every logger, reprs, errors) and is never in a child's argv."""
+    DEBUG logs of every logger, reprs, errors) and is never in a child's argv. A key (from a
+    file) is exchanged at a local token endpoint (tests/gcs_token_server.py): neither its PEM
+    nor the tokens issued for it appear; refused, and malformed, neither does."""
     distinct = f"Sweep-{uuid.uuid4().hex}-Secret"
-    endpoint = gcs_endpoint.url if mode == "token" else f"http://127.0.0.1:{free_port()}"
-    if mode == "service-account key":
-        key = {"type": "service_account", "client_email": "a@b.iam", "private_key": distinct}
-        options: dict[str, str] = {"service_account_key": json.dumps(key)}
-        outcome = "ConfigError"
-    else:
-        options = {"token": distinct, "endpoint_url": endpoint}
-        outcome = "saved" if mode == "token" else "StorageError"
-    spec = {"options": options, "uri": f"gs://{gcs_bucket}/sweep.bin"}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_", "GOOGLE_", "STORAGE_"))}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.gcs_sweep_driver", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=tmp_path,
-        env={**env, "PYTHONPATH": str(ROOT)},
+    endpoint = (
+        gcs_endpoint.url if mode in ("token", "service-account key") else f"http://127.0.0.1:{free_port()}"
     )
+    keys = sweep_keys()
+    with TokenServer(keys, "sweep@asyncckpt-test.iam.gserviceaccount.com") as tokens:
+        spec: dict[str, object] = {"uri": f"gs://{gcs_bucket}/sweep.bin"}
+        if mode.endswith("key"):
+            key = tokens.key_info()
+            if mode == "malformed key":
+                key["private_key"] = distinct
+            tokens.refuse = mode == "refused key"
+            (tmp_path / "sa.json").write_text(json.dumps(key))
+            spec.update(options={"endpoint_url": gcs_endpoint.url}, key_file=str(tmp_path / "sa.json"))
+            outcome = {"service-account key": "saved", "refused key": "StoragePermissionError"}.get(
+                mode, "ConfigError"
+            )
+        else:
+            spec["options"] = {"token": distinct, "endpoint_url": endpoint}
+            outcome = "saved" if mode == "token" else "StorageError"
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_", "GOOGLE_", "STORAGE_"))
+        }
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.gcs_sweep_driver", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=tmp_path,
+            env={**env, "PYTHONPATH": str(ROOT)},
+        )
+        issued = tokens.issued
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert f"LIBRARY-OUTCOME {outcome}" in proc.stdout, output[-3000:]
-    assert ("CLI-EXIT 0" if mode == "token" else "CLI-EXIT") in proc.stdout, output[-3000:]
-    leaked = [line[:300] for line in output.splitlines() if distinct in line]
+    good = mode in ("token", "service-account key")
+    assert ("CLI-EXIT 0" if good else "CLI-EXIT") in proc.stdout, output[-3000:]
+    assert (len(issued) >= 2) == (mode == "service-account key"), issued  # the library's and the CLI's
+    needles = [distinct, *issued, *keys.body_lines()]
+    leaked = [line[:300] for line in output.splitlines() if any(n in line for n in needles)]
     assert not leaked, leaked
     assert "Secret('**********')" in proc.stdout
+
+
+@functools.cache
+def sweep_keys() -> KeyPair:
+    return key_pair()
 
 
 def test_settings_sources_and_no_secret_in_them(tmp_path: Path) -> None:
@@ -433,7 +460,7 @@ def test_bad_settings_are_refused_before_any_io(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown GCS backend option"):
         GcsSettings.resolve({"tokn": "x"}, env={})
     key = json.dumps({"type": "service_account", "private_key": "PRIVATE-xyz"})
-    with pytest.raises(ConfigError, match="needs an OAuth exchange") as info:
+    with pytest.raises(ConfigError, match="lacks the field") as info:
         GcsSettings.resolve({"service_account_key": key, "dotenv": False}, env={})
     assert "PRIVATE-xyz" not in str(info.value)
     creds = tmp_path / "sa.json"

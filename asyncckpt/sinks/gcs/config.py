@@ -11,10 +11,14 @@ convention, ``"disable_oauth": true``), else ``https://storage.googleapis.com``.
 gets no credential (Google's clients send none to one either).
 
 Credentials for real GCS: a bearer ``token`` (``GOOGLE_OAUTH_ACCESS_TOKEN``, e.g. from
-``gcloud auth print-access-token``). A service-account key (``GOOGLE_APPLICATION_CREDENTIALS``
-names its file, ``GOOGLE_SERVICE_ACCOUNT_KEY`` holds its JSON) must be exchanged for a token
-through OAuth, which asyncckpt does not do: it is refused before any I/O saying so
-(docs/azure-gcs.md).
+``gcloud auth print-access-token``), or a service-account key (backend option
+``service_account_key``, its JSON; ``GOOGLE_SERVICE_ACCOUNT_KEY`` holds its JSON,
+``GOOGLE_APPLICATION_CREDENTIALS`` names its file, read once), exchanged for a token through
+google-auth by the sink (:mod:`.auth`). Precedence: an explicit token (``backend_options``) >
+an explicit key > a token from the environment > a key from the environment (> the same from a
+``.env`` file). A key is validated here, before any I/O: ``type`` ``service_account``,
+``client_email``, ``private_key`` (PEM) and ``token_uri`` present; a bad one is a ConfigError
+naming where it came from and what is missing, never its contents (docs/azure-gcs.md).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from urllib.parse import urlsplit
 
 from ... import env as env_vars
 from ...errors import ConfigError
-from ...secrets import Secret, as_secret, check_no_userinfo
+from ...secrets import Secret, as_secret, check_no_userinfo, masked_url
 from ...units import GiB, KiB, parse_size
 
 #: every chunk of a resumable upload but the last is a multiple of this (GCS's rule)
@@ -92,6 +96,10 @@ class GcsSettings:
     endpoint_url: str = DEFAULT_ENDPOINT
     emulator: bool = False  # an emulator endpoint: no credential is sent
     token: Secret | None = field(default=None, repr=False)
+    #: a service-account key's JSON (exchanged for tokens by the sink), its account and endpoint
+    service_account_key: Secret | None = field(default=None, repr=False)
+    client_email: str | None = None
+    token_uri: str | None = None
     project: str | None = None
     ca_bundle: str | None = None
     part_size: int | None = None
@@ -104,7 +112,8 @@ class GcsSettings:
     def __repr__(self) -> str:
         return (
             f"GcsSettings(endpoint_url={self.endpoint_url!r}, emulator={self.emulator}, "
-            f"token={self.token or 'unset'}, project={self.project!r}, part_size={self.part_size!r})"
+            f"token={self.token or 'unset'}, service_account_key={self.service_account_key or 'unset'}, "
+            f"client_email={self.client_email!r}, project={self.project!r}, part_size={self.part_size!r})"
         )
 
     __str__ = __repr__
@@ -113,11 +122,21 @@ class GcsSettings:
         """Non-secret facts for the run metadata."""
         return {
             "endpoint_url": self.endpoint_url,
-            "credential": "none (emulator)" if self.emulator else "bearer token" if self.token else "none",
+            "credential": self.credential(),
             "project": self.project,
             "request_timeout_s": self.request_timeout,
             "settings_from": dict(self.sources),
         }
+
+    def credential(self) -> str:
+        """What authenticates the requests, in words (no secret)."""
+        if self.emulator:
+            return "none (emulator)"
+        if self.token is not None:
+            return "bearer token"
+        if self.service_account_key is not None:
+            return f"service-account key ({self.client_email}, tokens from {self.token_uri})"
+        return "none"
 
     @classmethod
     def resolve(
@@ -142,22 +161,28 @@ class GcsSettings:
             values["endpoint_url"] = _check_endpoint(str(endpoint), where)
             sources["endpoint_url"] = where
         emulator = bool(endpoint and not raw.get("endpoint_url") and (raw.get("emulator_host") or base_url))
-        if not emulator and token is None:
-            if key is not None:
-                raise ConfigError(
-                    f"a GCS service-account key ({sources['service_account_key']}) needs an OAuth exchange "
-                    "for a bearer token, which asyncckpt does not do; give backend option token (or "
-                    "GOOGLE_OAUTH_ACCESS_TOKEN, e.g. from gcloud auth print-access-token), or point "
-                    "STORAGE_EMULATOR_HOST at an emulator"
+        values["emulator"] = emulator
+        if not emulator:
+            chosen = _choose_credential(token, key, sources)
+            if chosen == "token":
+                values["token"] = token
+                sources["credential"] = sources["token"]
+            elif chosen == "service_account_key":
+                assert key is not None
+                where = sources["service_account_key"]
+                info = check_service_account(key, where)
+                values.update(
+                    service_account_key=Secret(json.dumps(info)),
+                    client_email=info["client_email"],
+                    token_uri=info["token_uri"],
                 )
-            if not endpoint:
+                sources["credential"] = where
+            elif not endpoint:
                 raise ConfigError(
-                    "no GCS credential: set GOOGLE_OAUTH_ACCESS_TOKEN (or backend option token) for "
+                    "no GCS credential: set GOOGLE_OAUTH_ACCESS_TOKEN (or backend option token) or "
+                    "GOOGLE_APPLICATION_CREDENTIALS (a service-account key file) for "
                     "storage.googleapis.com, or STORAGE_EMULATOR_HOST for an emulator"
                 )
-        values["emulator"] = emulator
-        if token is not None and not emulator:
-            values["token"] = token
         if raw.get("project") is not None:
             values["project"] = str(raw["project"])
         if raw.get("ca_bundle") is not None:
@@ -216,6 +241,58 @@ def _service_account_key(raw: dict[str, Any], sources: dict[str, str]) -> dict[s
             f"the GCS service-account key ({sources['service_account_key']}) is not a JSON object"
         )
     return info
+
+
+#: a source's rank for the credential's precedence: explicit > environment > .env
+def _tier(source: str) -> int:
+    return 0 if source == "backend_options" else 1 if source.startswith("environment") else 2
+
+
+def _choose_credential(
+    token: Secret | None, key: Mapping[str, Any] | None, sources: Mapping[str, str]
+) -> str:
+    """Which credential wins: an explicit token > an explicit key > an environment token > an
+    environment key (> the same from ``.env``); "" when there is none."""
+    ranked = []
+    if token is not None:
+        ranked.append((_tier(sources["token"]), 0, "token"))
+    if key is not None and _emulator_base_url(key) is None:
+        ranked.append((_tier(sources["service_account_key"]), 1, "service_account_key"))
+    return min(ranked)[2] if ranked else ""
+
+
+#: the fields a service-account key must have for the token exchange
+KEY_FIELDS = ("client_email", "private_key", "token_uri")
+
+
+def check_service_account(info: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``info`` if it is a usable service-account key, else a ConfigError naming ``where`` and
+    the field at fault (never a value but the type's and the token endpoint's)."""
+    kind = info.get("type")
+    if kind != "service_account":
+        raise ConfigError(
+            f"the GCS credential ({where}) is not a service-account key: its field type is {kind!r}, "
+            "expected 'service_account' (for other credentials give a bearer token: backend option "
+            "token or GOOGLE_OAUTH_ACCESS_TOKEN, e.g. from gcloud auth print-access-token)"
+        )
+    missing = [name for name in KEY_FIELDS if not isinstance(info.get(name), str) or not info[name]]
+    if missing:
+        raise ConfigError(
+            f"the GCS service-account key ({where}) lacks the field(s) {', '.join(missing)} "
+            f"(a key needs type, {', '.join(KEY_FIELDS)})"
+        )
+    if "PRIVATE KEY-----" not in info["private_key"]:
+        raise ConfigError(
+            f"the GCS service-account key ({where}): its field private_key is not a PEM private key"
+        )
+    uri = urlsplit(info["token_uri"])
+    if uri.scheme not in ("http", "https") or not uri.netloc or "@" in uri.netloc:
+        shown = masked_url(info["token_uri"])
+        raise ConfigError(
+            f"the GCS service-account key ({where}): its field token_uri {shown!r} is not an http(s) "
+            "URL without user information"
+        )
+    return dict(info)
 
 
 def _emulator_base_url(key: Mapping[str, Any] | None) -> str | None:

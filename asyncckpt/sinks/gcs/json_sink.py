@@ -42,9 +42,12 @@ from urllib.parse import quote, urlsplit
 from ...blocking import run_blocking
 from ...checksum import crc
 from ...errors import IntegrityError, MissingDependencyError, StorageError
+from ...secrets import Secret
+from ..commit import note_publication
 from ..objstore.append import InOrder
 from ..objstore.base import ObjectStoreSink
 from ..objstore.errors import ErrorFields, ErrorVocabulary
+from .auth import TokenSource
 from .config import GcsSettings, parse_gs_uri, plan_chunks
 
 log = logging.getLogger("asyncckpt")
@@ -54,7 +57,8 @@ GCS_ERRORS = ErrorVocabulary(
     not_found=("notFound",),
     denied=("forbidden", "unauthorized", "authError", "accessDenied", "insufficientPermissions"),
     unavailable=("backendError", "rateLimitExceeded"),
-    denied_hint=" (check the token: backend option token or GOOGLE_OAUTH_ACCESS_TOKEN)",
+    denied_hint=" (check the credential: backend option token or GOOGLE_OAUTH_ACCESS_TOKEN, or the "
+    "service-account key's account and roles)",
 )
 _BACKOFF_BASE_S = 0.1
 _BACKOFF_CAP_S = 5.0
@@ -84,6 +88,7 @@ class GcsHttpError(Exception):
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(f"HTTP {status} {reason}: {message}")
         self.status, self.reason, self.message = status, reason, message
+        self.sent: Mapping[str, str] = {}  # the request's headers (a refused token is in them)
 
 
 def read_error(status: int, body: bytes) -> GcsHttpError:
@@ -175,10 +180,26 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
 
         return await self.shared.enter(("gcs", s.endpoint_url), make)
 
-    def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    def _token_source(self) -> TokenSource | None:
+        """The store's one source of tokens for a service-account key (None: no key in use)."""
+        s = self.settings
+        if s.service_account_key is None or s.client_email is None or s.token_uri is None:
+            return None
+        key, email, uri = s.service_account_key, s.client_email, s.token_uri
+        timeout = (s.connect_timeout, s.request_timeout)
+        return self.shared.get(("gcs-token", uri, email), lambda: TokenSource(key, email, uri, timeout))
+
+    async def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = dict(extra or {})
-        if self.settings.token is not None:
-            headers["Authorization"] = f"Bearer {self.settings.token.reveal()}"
+        token: Secret | None = self.settings.token
+        source = self._token_source()
+        if source is not None:
+            try:
+                token = await source.token(self.executor)
+            except StorageError as exc:  # the token endpoint's refusal, with the object's context
+                raise type(exc)(exc.errno, f"{self.what('get a token for')}: {exc.strerror}") from None
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token.reveal()}"
         return headers
 
     def _url(self, text: str) -> Any:
@@ -202,11 +223,30 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
         """One request; an answer not in ``ok`` raises :class:`GcsHttpError` (aiohttp's own
         exceptions pass through: the boundary maps them)."""
         client = await self._client()
-        async with client.request(method, self._url(url), data=data, headers=self._headers(headers)) as r:
-            body = await r.read()
-            if r.status not in ok:
-                raise read_error(r.status, body)
-            return r.status, r.headers, body
+        for first in (True, False):
+            try:
+                sent = await self._headers(headers)
+            except StorageError as exc:
+                if method in ("POST", "PUT"):  # a commit that failed for its token sent nothing
+                    note_publication(exc, self.uri, published=False)
+                raise
+            async with client.request(method, self._url(url), data=data, headers=sent) as r:
+                body = await r.read()
+                if r.status == 401 and first and self._token_refused(sent):
+                    continue  # once, with a new token: the request was not carried out
+                if r.status not in ok:
+                    raise read_error(r.status, body)
+                return r.status, r.headers, body
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _token_refused(self, sent: Mapping[str, str]) -> bool:
+        """GCS answered 401 to a key's token before its expiry (revoked): the token source
+        forgets it, and the caller may send its request once more. False for a fixed token."""
+        source = self._token_source()
+        if source is None:
+            return False
+        source.refused(sent.get("Authorization", "").removeprefix("Bearer "))
+        return True
 
     def transient(self, exc: BaseException) -> bool:
         """Worth another try: no answer, a timeout, a dropped connection, 5xx or 429."""
@@ -384,10 +424,21 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
     async def _get_once(self, offset: int, buf: memoryview) -> int:
         """One ranged ``alt=media`` read into ``buf`` (repeatable: a retry overwrites it)."""
         client = await self._client()
-        headers = self._headers({"Range": f"bytes={offset}-{offset + len(buf) - 1}"})
+        ranged = {"Range": f"bytes={offset}-{offset + len(buf) - 1}"}
+        try:
+            return await self._get_into(client, ranged, offset, buf)
+        except GcsHttpError as exc:
+            if exc.status != 401 or not self._token_refused(exc.sent):
+                raise
+        return await self._get_into(client, ranged, offset, buf)  # once, with a new token
+
+    async def _get_into(self, client: Any, ranged: Mapping[str, str], offset: int, buf: memoryview) -> int:
+        headers = await self._headers(ranged)
         async with client.get(self._url(self._object_url(media=True)), headers=headers) as r:
             if r.status not in (200, 206):
-                raise read_error(r.status, await r.read())
+                err = read_error(r.status, await r.read())
+                err.sent = headers
+                raise err
             if r.status == 200 and offset:  # the whole object, not the range: never misplace bytes
                 raise GcsHttpError(200, "", f"the store ignored Range bytes={offset}-")
             n = 0
@@ -422,4 +473,7 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
         out = super().describe()
         out["upload"] = "resumable (JSON API), the final chunk sent at complete"
         out["crc32c"] = crc32c_b64(self._crc)
+        source = self._token_source()
+        if source is not None:
+            out["token_refreshes"] = source.refreshes
         return out
