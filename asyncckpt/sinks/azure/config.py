@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,7 +22,8 @@ from urllib.parse import urlsplit
 from ... import env as env_vars
 from ...errors import ConfigError
 from ...secrets import Secret, as_secret, check_no_userinfo
-from ...units import MiB, parse_size
+from ...units import MiB
+from ..objstore.options import transport_values
 
 MAX_BLOCK = 4000 * MiB
 MAX_BLOCKS = 50_000
@@ -65,17 +65,6 @@ def parse_connection_string(text: str) -> dict[str, str]:
     """``Name=value;...`` fields (a value may contain '=': SAS tokens and keys do)."""
     fields = dict(part.split("=", 1) for part in text.split(";") if "=" in part)
     return {key: fields[name] for key, name in _CONNECTION_FIELDS.items() if fields.get(name)}
-
-
-def _positive(name: str, value: object, *, integer: bool) -> Any:
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError, ConfigError):
-            value = parse_size(value, name=name) if integer else float(value)
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or not 0 < value < float("inf"):  # type: ignore[operator]
-        kind = "an integer >= 1" if integer else "a number of seconds > 0"
-        raise ConfigError(f"backend option {name} must be {kind}, got {value!r}")
-    return value if integer else float(value)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,15 +139,9 @@ class AzureSettings:
             check_account_key(values["account_key"], sources["account_key"])
         if values.get("sas_token") is not None:
             check_sas(values["sas_token"], sources["sas_token"])
-        if options.get("part_size") is not None:
-            values["part_size"] = _positive("part_size", options["part_size"], integer=True)
+        values.update(transport_values(options))
+        if "part_size" in values:
             check_block_size(values["part_size"])
-        for name in ("max_in_flight", "max_attempts"):
-            if options.get(name) is not None:
-                values[name] = _positive(name, options[name], integer=True)
-        for name in ("connect_timeout", "request_timeout"):
-            if options.get(name) is not None:
-                values[name] = _positive(name, options[name], integer=False)
         return cls(**values, sources=sources)
 
 

@@ -23,7 +23,6 @@ naming where it came from and what is missing, never its contents (docs/azure-gc
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from collections.abc import Mapping
@@ -35,7 +34,8 @@ from urllib.parse import urlsplit
 from ... import env as env_vars
 from ...errors import ConfigError
 from ...secrets import Secret, as_secret, check_no_userinfo, masked_url
-from ...units import GiB, KiB, parse_size
+from ...units import GiB, KiB
+from ..objstore.options import transport_values
 
 #: every chunk of a resumable upload but the last is a multiple of this (GCS's rule)
 CHUNK_GRANULE = 256 * KiB
@@ -76,17 +76,6 @@ def parse_gs_uri(uri: str) -> tuple[str, str]:
     if len(key.encode()) > 1024 or "\r" in key or "\n" in key or key in (".", ".."):
         raise ConfigError(f"invalid object name in {uri!r}: at most 1024 bytes, no CR or LF, not '.' or '..'")
     return bucket, key
-
-
-def _positive(name: str, value: object, *, integer: bool) -> Any:
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError, ConfigError):
-            value = parse_size(value, name=name) if integer else float(value)
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or not 0 < value < float("inf"):  # type: ignore[operator]
-        kind = "an integer >= 1" if integer else "a number of seconds > 0"
-        raise ConfigError(f"backend option {name} must be {kind}, got {value!r}")
-    return value if integer else float(value)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,15 +176,9 @@ class GcsSettings:
             values["project"] = str(raw["project"])
         if raw.get("ca_bundle") is not None:
             values["ca_bundle"] = str(raw["ca_bundle"])
-        if options.get("part_size") is not None:
-            values["part_size"] = _positive("part_size", options["part_size"], integer=True)
+        values.update(transport_values(options))
+        if "part_size" in values:
             check_chunk_granule(values["part_size"], "part_size")
-        for name in ("max_in_flight", "max_attempts"):
-            if options.get(name) is not None:
-                values[name] = _positive(name, options[name], integer=True)
-        for name in ("connect_timeout", "request_timeout"):
-            if options.get(name) is not None:
-                values[name] = _positive(name, options[name], integer=False)
         return cls(**values, sources=sources)
 
 
