@@ -616,10 +616,12 @@ async def load_step(
     index: step_index.StepIndex | None = None
     if record.index is not None and (not same or into is not None):
         where = f"{base}/{record.index}"
-        expected = (record.checksums or {}).get(record.index)
-        index = await run_blocking(
-            ckpt.runtime.executor(), step_index.parse, await _index_record(ckpt, where, expected), where
-        )
+        # on the ranks that saved it, into= of whole arrays reads the index only to learn of
+        # sharded tensors: a node's local tier holds its ranks' objects and the commit record,
+        # not rank 0's index, and its own objects then load as saved
+        raw = await _index_record(ckpt, where, (record.checksums or {}).get(record.index), not same or wanted)
+        if raw is not None:
+            index = await run_blocking(ckpt.runtime.executor(), step_index.parse, raw, where)
     # by boxes: on another world size; for DTensor/Shard destinations; and for whole arrays of
     # a sharded tensor (this rank's object holds only its box of it)
     if index is not None and (not same or wanted or index.tensors):
@@ -659,9 +661,14 @@ def _boxes_wanted(into: Mapping[Any, Any] | None) -> bool:
     return any(isinstance(leaf.value, Shard) or is_dtensor(leaf.value) for leaf in flatten(into)[1])
 
 
-async def _index_record(ckpt: StepHost, uri: str, expected: str | None) -> dict[str, Any]:
+async def _index_record(
+    ckpt: StepHost, uri: str, expected: str | None, required: bool
+) -> dict[str, Any] | None:
+    """The step index's record; None when it is missing and not ``required``."""
     raw = await get_index_bytes(ckpt, uri, expected)
     if raw is None:
+        if not required:
+            return None
         raise IntegrityError(f"{uri!r}: the step index its commit record names is missing")
     return await parse_record(ckpt, uri, raw)
 
