@@ -26,11 +26,12 @@ pytest_plugins = ["tests.plugins.s3servers", "tests.plugins.objstores", "tests.p
 
 
 @pytest.fixture(autouse=True)
-async def _no_blocking_in_loop() -> AsyncIterator[None]:
+async def _no_blocking_in_loop(request: pytest.FixtureRequest) -> AsyncIterator[None]:
     """Fail any async test during which a loop callback blocked for 0.1 s or more
-    (a synchronous write, a sleep, a big memcpy or parse on the loop; see ``loop_guard``)."""
+    (a synchronous write, a sleep, a big memcpy or parse on the loop; see ``loop_guard``).
+    ``@pytest.mark.gil_waits``: not for waits of the loop's thread for a GIL another thread held."""
     slow: list[str] = []
-    with guarded(slow):
+    with guarded(slow, gil_waits=request.node.get_closest_marker("gil_waits") is not None):
         yield
     assert not slow, f"event loop was blocked: {slow}"
 

@@ -87,6 +87,12 @@ def _sleeps() -> int:
     return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
 
 
+def _waited_for_the_gil(idle: float, sleeps: int) -> bool:
+    """``idle`` seconds off the CPU in ``sleeps`` sleeps look like waits for the GIL: a
+    waiting thread wakes every switch interval (5 ms) to ask the holder to drop it."""
+    return sleeps >= idle / (4 * sys.getswitchinterval())
+
+
 def _describe(handle: asyncio.Handle) -> str:
     """The task a wake-up ran (its coroutine and where it stopped next), else the handle."""
     owner = getattr(getattr(handle, "_callback", None), "__self__", None)
@@ -117,8 +123,13 @@ class _Sampler(threading.Thread):
 
 
 @contextmanager
-def guarded(slow: list[str]) -> Iterator[None]:
-    """While active, append a description of each blocking callback run on this thread."""
+def guarded(slow: list[str], *, gil_waits: bool = False) -> Iterator[None]:
+    """While active, append a description of each blocking callback run on this thread.
+
+    ``gil_waits``: leave out a callback whose thread only waited for the GIL that another
+    thread held: the sampler (which needs the GIL too) never ran, and the loop's thread slept
+    about once per switch interval, as a thread waiting for the GIL does, while computing
+    little. A callback that blocks in a call holding the GIL itself (one sleep) still counts."""
     thread = threading.get_ident()
     fd = os.open(_SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)  # opened here: this thread's stats
     starts = _StartClock(thread)
@@ -139,8 +150,12 @@ def guarded(slow: list[str]) -> Iterator[None]:
             took = time.perf_counter() - t0
             if took >= SLOW_CALLBACK_S:
                 waited = _runqueue_wait(fd) - w0 + gc_clock.total - g0
-                if _sleeps() == v0:  # never blocked: what it held the thread for is its CPU time
-                    waited = max(waited, took - (_on_cpu(fd) - c0 - (gc_clock.total - g0)))
+                cpu = _on_cpu(fd) - c0 - (gc_clock.total - g0)
+                # never blocked, or (marked) only waiting for a GIL held elsewhere: what it held
+                # the thread for is its CPU time
+                only_gil = gil_waits and not sampler.stack and _waited_for_the_gil(took - cpu, _sleeps() - v0)
+                if _sleeps() == v0 or only_gil:
+                    waited = max(waited, took - cpu)
                 if took - waited >= SLOW_CALLBACK_S:
                     slow.append(
                         f"{_describe(handle)} took {took:.3f} s ({waited:.3f} s of it for a CPU or in GC; "

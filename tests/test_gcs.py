@@ -145,6 +145,10 @@ async def test_nothing_visible_before_the_final_chunk_and_abort_cancels_the_sess
     assert len(front.matched) == 1, front.matched  # the session was cancelled (DELETE, 499)
 
 
+# CI (the whole suite, twice): a socket-close callback here took 0.33 s with 0.005 s of CPU and
+# 63-67 sleeps, the guard's sampler never running: the loop's thread waited for a GIL another
+# thread held. Not reproduced alone or beside CPU hogs; the cause is not known.
+@pytest.mark.gil_waits
 async def test_a_cancelled_save_cancels_the_session(gcs_endpoint: GcsEndpoint, gcs_bucket: str) -> None:
     """The save's task cancelled while its second chunk is on the way (held by a relay): the
     session is DELETEd (seen by a second relay in front) and nothing appears."""

@@ -45,3 +45,55 @@ def test_a_test_that_blocks_its_loop_fails(tmp_path: Path) -> None:
     assert "ERROR test_guarded.py::test_blocks - AssertionError: event loop was blocked" in out, out
     assert "ERROR test_guarded.py::test_computes - AssertionError: event loop was blocked" in out, out
     assert "3 passed, 2 errors" in out, out
+
+
+GIL = """
+import ctypes
+import threading
+
+import pytest
+
+LIBC = ctypes.PyDLL(None)  # a PyDLL's calls keep the GIL
+
+
+def hold_the_gil(started: threading.Event) -> None:
+    started.set()
+    LIBC.usleep(300_000)  # 0.3 s holding the GIL
+
+
+def another_thread_holds_it() -> None:
+    started = threading.Event()
+    threading.Thread(target=hold_the_gil, args=(started,)).start()
+    started.wait()  # the loop's thread lets go of the GIL here and waits 0.3 s to get it back
+
+
+@pytest.mark.gil_waits
+async def test_waits_marked() -> None:
+    another_thread_holds_it()
+
+
+async def test_waits_unmarked() -> None:
+    another_thread_holds_it()
+
+
+@pytest.mark.gil_waits
+async def test_holds_it_itself_marked() -> None:
+    LIBC.usleep(300_000)  # the loop's own blocking call, the GIL held: one sleep
+"""
+
+
+def test_a_wait_for_the_gil_another_thread_holds_is_left_out_only_where_marked(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text("from tests.conftest import _no_blocking_in_loop  # noqa: F401\n")
+    (tmp_path / "test_gil.py").write_text(GIL)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto", "-rE"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = run.stdout + run.stderr
+    for name in ("test_waits_unmarked", "test_holds_it_itself_marked"):
+        assert f"ERROR test_gil.py::{name} - AssertionError: event loop w" in out, out
+    assert "3 passed" in out and "2 errors" in out, out  # test_waits_marked among the passed
