@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 _PART = re.compile(r"^PUT \S*partNumber=(\d+)")
 
@@ -50,6 +50,9 @@ ANSWERS = {
 }
 
 
+ANSWER_WAIT_S = 30.0  # a bound on a test's time, not a synchronisation
+
+
 class FaultyFront:
     """An HTTP/1.1 relay on 127.0.0.1 in front of moto that spoils matching requests."""
 
@@ -61,11 +64,13 @@ class FaultyFront:
         times: int = 1,
         on_spoil: Callable[[], None] | None = None,
         wait_for_second_s: float = 0.0,
+        before: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         host, port = target.removeprefix("http://").split(":")
         self.target = (host, int(port))
         self.mode, self.match, self.left = mode, match, times
         self.on_spoil = on_spoil  # called as a request is spoiled, before anything is sent
+        self.before = before  # awaited before a matching request goes on (another client's turn)
         self.spoiled: list[str] = []  # request lines that were spoiled
         self.matched: list[str] = []  # every matching request line seen
         self.heads: list[str] = []  # the head (request line and headers) of each of them
@@ -79,6 +84,10 @@ class FaultyFront:
         self._second = asyncio.Event()
         self._stopped = asyncio.Event()  # ``stall`` holds its requests until then
         self._tasks: set[asyncio.Task[None]] = set()
+        # ``short``: a spoiled request relayed whole gets its answer from the server (awaited
+        # before its connection closes and by ``stop``): a store that commits on it (GCS's
+        # final chunk) has then committed, so what a test reads next is settled
+        self._answers: list[asyncio.Task[None]] = []
 
     async def start(self) -> str:
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -86,6 +95,8 @@ class FaultyFront:
 
     async def stop(self) -> None:
         self._stopped.set()
+        if self._answers:
+            await asyncio.wait(self._answers, timeout=ANSWER_WAIT_S)
         self.server.close()
         await self.server.wait_closed()
         for task in list(self._tasks):
@@ -93,22 +104,39 @@ class FaultyFront:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     @staticmethod
-    async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, sent: list[int]) -> None:
-        """Responses, passed through until ``sent[0]`` bytes went by ``sent[1]`` (the cut)."""
-        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-            while data := await src.read(1 << 16):
-                dst.write(data[: max(0, sent[1] - sent[0])])
-                sent[0] += len(data)
-                if sent[0] >= sent[1]:
-                    break
-                await dst.drain()
-        dst.transport.abort() if sent[0] >= sent[1] else dst.close()
+    async def _pump(
+        src: asyncio.StreamReader, dst: asyncio.StreamWriter, sent: list[int], moved: asyncio.Event
+    ) -> None:
+        """Responses, passed through until ``sent[0]`` bytes went by ``sent[1]`` (the cut);
+        ``moved`` is set at each piece and at the end (``sent[2]`` = 1)."""
+        try:
+            with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+                while data := await src.read(1 << 16):
+                    dst.write(data[: max(0, sent[1] - sent[0])])
+                    sent[0] += len(data)
+                    moved.set()
+                    if sent[0] >= sent[1]:
+                        break
+                    await dst.drain()
+            dst.transport.abort() if sent[0] >= sent[1] else dst.close()
+        finally:
+            sent[2] = 1
+            moved.set()
+
+    @staticmethod
+    async def _answered(sent: list[int], mark: int, moved: asyncio.Event) -> None:
+        """Until the server answered past ``mark`` bytes of responses, or closed."""
+        while sent[0] <= mark and not sent[2]:
+            moved.clear()
+            await moved.wait()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         up_r, up_w = await asyncio.open_connection(*self.target)
-        sent = [0, 1 << 62]  # response bytes relayed so far; where to cut them
-        back = asyncio.create_task(self._pump(up_r, writer, sent))
+        sent = [0, 1 << 62, 0]  # response bytes relayed so far; where to cut them; upstream ended
+        moved = asyncio.Event()
+        back = asyncio.create_task(self._pump(up_r, writer, sent, moved))
+        answer: asyncio.Task[None] | None = None
         self._tasks.add(back)
         back.add_done_callback(self._tasks.discard)
         try:
@@ -121,6 +149,8 @@ class FaultyFront:
                 if hit:
                     self.matched.append(line)
                     self.heads.append(text)
+                    if self.before is not None:
+                        await self.before(line)
                     if self.left > 0:
                         self.left -= 1
                         self.spoiled.append(line)
@@ -128,6 +158,11 @@ class FaultyFront:
                             self.on_spoil()
                         if self.mode == "short":  # relayed, but its response stops after 1 MiB
                             sent[1] = sent[0] + (1 << 20)
+                            up_w.write(head)
+                            await self._relay(reader, up_w, length)
+                            answer = asyncio.create_task(self._answered(sent, sent[0], moved))
+                            self._answers.append(answer)
+                            continue
                         elif self.mode == "flip":  # relayed with its body's last byte inverted
                             up_w.write(head)
                             await self._relay(reader, up_w, length - 1)
@@ -149,6 +184,8 @@ class FaultyFront:
         except (asyncio.IncompleteReadError, OSError):
             pass
         finally:
+            if answer is not None:
+                await asyncio.wait([answer], timeout=ANSWER_WAIT_S)
             up_w.transport.abort()
             writer.transport.abort()
 
