@@ -228,6 +228,37 @@ async def test_a_flipped_byte_is_refused_on_load(gcs_endpoint: GcsEndpoint, gcs_
     assert "flip.bin" in str(info.value) and "chunk 1 of 2" in str(info.value)
 
 
+async def test_an_object_replaced_while_it_is_read_is_refused_by_name(
+    gcs_endpoint: GcsEndpoint, gcs_bucket: str
+) -> None:
+    """Another save writes the key between two ranged reads of a load: the load asks for the
+    generation its stat saw, and says the object was replaced (it read A's manifest and then B's
+    bytes before: 'corrupt in chunk 0', or 'has no manifest'; CI met it in a crash test)."""
+    ep, uri = gcs_endpoint, f"gs://{gcs_bucket}/moving.bin"
+    async with checkpointer(ep) as ckpt:
+        await ckpt.save(uri, 3 * PART)
+    replaced: list[str] = []
+
+    async def replace(line: str) -> None:
+        if len(front.matched) == 2:  # the second ranged read, before it reaches the store
+            await asyncio.to_thread(corrupt, ep, gcs_bucket, "moving.bin", 5)
+            replaced.append(line)
+
+    front = FaultyFront(ep.url, "pass", lambda line: "alt=media" in line, times=0, before=replace)
+    relay = await front.start()
+    try:
+        async with checkpointer(relay) as ckpt:
+            with pytest.raises(IntegrityError, match="replaced while it was being read") as info:
+                await ckpt.load(uri, num_readers=1)
+    finally:
+        await front.stop()
+    assert replaced and "generation=" in replaced[0]
+    assert not isinstance(info.value, ChecksumMismatchError) and "gs://" in str(info.value)
+    async with checkpointer(ep) as ckpt:  # read again, the new object is judged on its own
+        with pytest.raises(ChecksumMismatchError):
+            await ckpt.load(uri)
+
+
 @pytest.mark.parametrize("size", [3 * PART + 99, 1000], ids=["resumable", "simple-upload"])
 async def test_a_byte_flipped_on_the_way_is_an_integrity_error(
     gcs_endpoint: GcsEndpoint, gcs_bucket: str, size: int

@@ -157,6 +157,9 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
         self._crc = 0  # CRC32C of the bytes handed over so far, in object order
         self._final: bytes | None = None  # the last chunk, sent by complete()
         self._broken = False  # a chunk failed: the others wait for the abort
+        # the generation a load's stat saw: every ranged read asks for it, so an object another
+        # save replaces mid-load is refused by name instead of read half old, half new
+        self._generation: str | None = None
 
     def plan_layout(self, size: int) -> int:
         return plan_chunks(size, self.part_size, self.options.chunk_size)
@@ -207,8 +210,9 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
 
     def _object_url(self, *, media: bool = False) -> str:
         name = quote(self.key, safe="")
+        pinned = f"&generation={self._generation}" if self._generation else ""
         return f"{self.settings.endpoint_url}/storage/v1/b/{self.bucket}/o/{name}" + (
-            "?alt=media" if media else ""
+            f"?alt=media{pinned}" if media else ""
         )
 
     async def _request(
@@ -437,6 +441,12 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
         async with client.get(self._url(self._object_url(media=True)), headers=headers) as r:
             if r.status not in (200, 206):
                 err = read_error(r.status, await r.read())
+                if r.status == 404 and self._generation:
+                    raise IntegrityError(
+                        f"{self.uri!r} was replaced while it was being read: generation "
+                        f"{self._generation}, which the load began with, is gone (another save "
+                        "wrote this key meanwhile); load it again"
+                    ) from err
                 err.sent = headers
                 raise err
             if r.status == 200 and offset:  # the whole object, not the range: never misplace bytes
@@ -451,6 +461,8 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
     async def _head(self) -> tuple[int, str | None]:
         _, _, body = await self._retrying(lambda: self._request("GET", self._object_url()))
         meta = json.loads(body)
+        generation = meta.get("generation")
+        self._generation = str(generation) if generation is not None else None
         return int(meta["size"]), meta.get("etag")
 
     async def _delete(self) -> None:
