@@ -10,6 +10,7 @@ from pathlib import Path
 from .conftest import ROOT
 
 BLOCKING = """
+import threading
 import time
 
 
@@ -27,6 +28,24 @@ async def test_yields() -> None:
     import asyncio
 
     await asyncio.sleep(0.3)
+
+
+class LateThread(threading.Thread):
+    def _bootstrap_inner(self) -> None:  # as a thread the machine schedules 0.3 s late
+        time.sleep(0.3)
+        super()._bootstrap_inner()
+
+
+async def test_starts_a_thread_that_runs_late() -> None:
+    thread = LateThread(target=lambda: None)
+    thread.start()  # waits until the new thread runs: the loop's thread did not block
+    thread.join(0)
+
+
+async def test_starts_a_thread_then_blocks() -> None:
+    thread = LateThread(target=lambda: None)
+    thread.start()
+    time.sleep(0.3)
 """
 
 
@@ -44,7 +63,8 @@ def test_a_test_that_blocks_its_loop_fails(tmp_path: Path) -> None:
     out = run.stdout + run.stderr
     assert "ERROR test_guarded.py::test_blocks - AssertionError: event loop was blocked" in out, out
     assert "ERROR test_guarded.py::test_computes - AssertionError: event loop was blocked" in out, out
-    assert "3 passed, 2 errors" in out, out
+    assert "ERROR test_guarded.py::test_starts_a_thread_then_blocks - AssertionError: eve" in out, out
+    assert "5 passed, 3 errors" in out, out  # test_starts_a_thread_that_runs_late has none
 
 
 GIL = """
