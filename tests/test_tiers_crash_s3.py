@@ -88,11 +88,11 @@ async def test_a_kill_during_an_s3_drain_restores_locally_and_resumes(
         "num_buffers": 4,
         "backend_options": s3_endpoint.options(),
     }
-    into = state_of(0)
+    into = await asyncio.to_thread(state_of, 0)
     async with CheckpointManager(remote, local=local, keep_local=3, **options_) as mgr:
         assert await mgr.restore(into=into) == 2  # committed locally before the kill
         await mgr.wait()  # its drain resumes
-    assert np.array_equal(into["model"]["w"], state_of(2)["model"]["w"])
+    assert np.array_equal(into["model"]["w"], (await asyncio.to_thread(state_of, 2))["model"]["w"])
     assert mgr.stats.tiers is not None and mgr.stats.tiers.resumed == [2]
     assert await asyncio.to_thread(committed_remotely, s3_endpoint, bucket) == [1, 2]
     # the dead drain's pending upload (mid-drain) was removed by the owner rule: its

@@ -40,7 +40,7 @@ async def test_steps_drain_to_s3_and_a_lost_node_restores_from_it(s3_env: S3Endp
     options = options_for(s3_env)
     async with CheckpointManager(remote, local=local, keep_last=1, keep_local=1, **options) as mgr:
         for step in (1, 2):
-            await mgr.maybe_save(step, state_of(step))
+            await mgr.maybe_save(step, await asyncio.to_thread(state_of, step))
             await mgr.wait()
     tiers = mgr.stats.tiers
     assert tiers is not None and tiers.remote_committed == [1, 2] and tiers.remote_deleted == [1]
@@ -57,10 +57,10 @@ async def test_steps_drain_to_s3_and_a_lost_node_restores_from_it(s3_env: S3Endp
     assert loaded.verified and loaded.state["step"] == 2
     for path in sorted(local.rglob("*"), reverse=True):  # the node is lost
         path.rmdir() if path.is_dir() else path.unlink()
-    into = state_of(0)
+    into = await asyncio.to_thread(state_of, 0)
     async with CheckpointManager(remote, local=local, **options) as mgr:
         assert await mgr.restore(into=into) == 2
-    assert np.array_equal(into["model"]["w"], state_of(2)["model"]["w"])
+    assert np.array_equal(into["model"]["w"], (await asyncio.to_thread(state_of, 2))["model"]["w"])
     assert mgr.stats.tiers is not None and mgr.stats.tiers.restored_from is not None
     assert mgr.stats.tiers.restored_from[0] == "remote"
 
@@ -86,7 +86,7 @@ async def test_an_s3_outage_keeps_steps_local_reports_once_and_retries(
         async with CheckpointManager(
             f"s3://{bucket}/run", local=local, raise_on_failure=False, **options
         ) as mgr:
-            await mgr.maybe_save(1, state_of(1))
+            await mgr.maybe_save(1, await asyncio.to_thread(state_of, 1))
             await mgr.wait()  # training goes on: the step is committed locally only
             tiers = mgr.stats.tiers
             assert tiers is not None and mgr.stats.saved == [1]
@@ -95,7 +95,7 @@ async def test_an_s3_outage_keeps_steps_local_reports_once_and_retries(
                 "AccessDenied" in tiers.drain_failures[0][1] or "Access Denied" in tiers.drain_failures[0][1]
             )
             front.left = 0  # the store is back
-            await mgr.maybe_save(2, state_of(2))
+            await mgr.maybe_save(2, await asyncio.to_thread(state_of, 2))
             await mgr.wait()
     finally:
         await front.stop()
@@ -123,7 +123,7 @@ async def test_an_s3_stall_during_a_drain_keeps_the_step_local_and_is_retried(
         async with CheckpointManager(
             f"s3://{bucket}/run", local=local, raise_on_failure=False, **options
         ) as mgr:
-            await mgr.maybe_save(1, state_of(1))
+            await mgr.maybe_save(1, await asyncio.to_thread(state_of, 1))
             await mgr.wait()  # the drain gave up after stall_timeout; the step is committed locally
             tiers = mgr.stats.tiers
             assert tiers is not None and mgr.stats.saved == [1] and front.spoiled
@@ -133,7 +133,7 @@ async def test_an_s3_stall_during_a_drain_keeps_the_step_local_and_is_retried(
             cause = tiers.drain_failures[0][1]
             assert "StallError" in cause or "step-1/rank-0-of-1.safetensors" in cause, cause
             front.left = 0  # the store answers again: step 1 is retried first, after step 2's commit
-            await mgr.maybe_save(2, state_of(2))
+            await mgr.maybe_save(2, await asyncio.to_thread(state_of, 2))
             await mgr.wait()
     finally:
         await front.stop()
@@ -154,10 +154,10 @@ async def test_a_remote_listing_that_fails_during_retention_is_recorded(
     local.mkdir()
     try:
         async with CheckpointManager(f"s3://{bucket}/run", local=local, keep_last=1, **options) as mgr:
-            await mgr.maybe_save(1, state_of(1))
+            await mgr.maybe_save(1, await asyncio.to_thread(state_of, 1))
             await mgr.wait()
             front.match = lambda line: line.startswith("GET ") and "list-type=2" in line
-            await mgr.maybe_save(2, state_of(2))
+            await mgr.maybe_save(2, await asyncio.to_thread(state_of, 2))
             await mgr.wait()
             front.match = lambda line: False
     finally:
