@@ -112,3 +112,41 @@ def test_a_run_removes_what_a_killed_run_left_in_its_temporary_folder(tmp_path: 
     assert sorted(os.listdir(tmp)) == sorted([alive.name, users.name])
     assert (alive / "checkpoint.bin").read_bytes() == b"in progress"
     assert f"removed {tmp / killed}" in err and "left by a run that was killed" in err
+
+
+INTERRUPT_DURING_IMPORT = """
+import importlib.abc, os, runpy, signal, sys
+
+
+AT = sys.argv[1]
+
+
+class SigintOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == AT:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the CLI's modules load
+        return None
+
+
+sys.meta_path.insert(0, SigintOnImport())
+sys.argv = ["asyncckpt.bench", "--help"]
+runpy.run_module("asyncckpt.bench", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("module", ["asyncckpt.bench.cli", "asyncckpt.engine", "numpy"])
+def test_ctrl_c_while_the_cli_starts_is_one_line(tmp_path: Path, module: str) -> None:
+    """A SIGINT as the CLI imports ``module`` (a real signal, at that instant): rc 130 and one
+    line on stderr, never a traceback (it printed one)."""
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPT_DURING_IMPORT, module],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_sigint_as_at_a_terminal,
+    )
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert done.stderr == "asyncckpt: interrupted (SIGINT) while starting; nothing was written\n"
+    assert "usage" not in done.stdout

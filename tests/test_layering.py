@@ -69,6 +69,8 @@ DYNAMIC_IMPORTS = {
     "loaded on first use because it imports an optional client library at its top",
     "asyncckpt.moved": "the old import paths: MOVED names the module each old path now is",
     "asyncckpt.engine.dtypes": "optional third-party dtype libraries (torch, ml_dtypes), by name",
+    "asyncckpt": "the public classes of the engine, on first use (PEP 562 __getattr__): importing any "
+    "submodule runs asyncckpt/__init__.py first, and Ctrl-C while the CLI starts must reach its handler",
 }
 
 
@@ -491,3 +493,29 @@ def test_the_servers_are_reachable_from_the_cli() -> None:
 
     assert callable(start_for_bench)
     assert "--embedded-s3" in build_parser().format_help()
+
+
+def test_import_asyncckpt_loads_no_engine_and_every_public_name_resolves() -> None:
+    """``import asyncckpt`` (run first by every submodule's import) stays light; the names of
+    ``__all__`` load on first use, each the class its module defines."""
+    code = (
+        "import sys, asyncckpt\n"
+        "heavy = sorted(m for m in ('numpy', 'asyncckpt.checkpointer', 'asyncckpt.engine', 'asyncckpt.sinks')"
+        " "
+        "if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+        "for name in asyncckpt.__all__:\n"
+        "    value = getattr(asyncckpt, name)\n"
+        "    assert name == '__version__' or getattr(value, '__name__', name) == name, (name, value)\n"
+        "from asyncckpt import AsyncCheckpointer\n"
+        "from asyncckpt.checkpointer import AsyncCheckpointer as Same\n"
+        "assert AsyncCheckpointer is Same and 'AsyncCheckpointer' in dir(asyncckpt)\n"
+        "try:\n"
+        "    asyncckpt.NoSuchThing\n"
+        "except AttributeError as exc:\n"
+        "    assert 'NoSuchThing' in str(exc)\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
