@@ -68,6 +68,7 @@ class _StartClock:
         self.total = 0.0
         self.idle = 0.0
         self.count = 0
+        self.inside = False  # the loop's thread is in Thread.start now
         self.original = original = threading.Thread.start
         clock = self
 
@@ -83,9 +84,11 @@ class _StartClock:
 
             started.run = timed_run  # type: ignore[method-assign]
             t0, c0 = time.perf_counter(), time.thread_time()
+            clock.inside = True
             try:
                 return original(started)
             finally:
+                clock.inside = False
                 took = time.perf_counter() - t0
                 clock.total += took
                 late = min(took, ran[0] - t0) if ran[0] else took
@@ -116,11 +119,13 @@ class _Sampler(threading.Thread):
     """Where the loop's thread is, sampled once a callback has run for ``SLOW_CALLBACK_S / 2``
     (the failure message then shows the line that held it, not only the task)."""
 
-    def __init__(self, thread: int) -> None:
+    def __init__(self, thread: int, starts: _StartClock) -> None:
         super().__init__(name="loop-guard-sampler", daemon=True)
         self.thread = thread
+        self.starts = starts
         self.started_at = 0.0  # of the running callback; 0 between callbacks
         self.stack = ""
+        self.in_start = False  # the stack was taken in Thread.start (waiting for a new thread)
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -129,6 +134,7 @@ class _Sampler(threading.Thread):
             if started and not self.stack and time.perf_counter() - started > SLOW_CALLBACK_S / 2:
                 frame = sys._current_frames().get(self.thread)
                 if frame is not None:
+                    self.in_start = self.starts.inside
                     self.stack = "".join(traceback.format_stack(frame)[-14:])
                 # a kept frame keeps its locals alive: a stream whose drop aborts an upload
                 # (Mountpoint's) would then never be dropped
@@ -166,7 +172,9 @@ def guarded(slow: list[str], *, gil_waits: bool = False) -> Iterator[None]:
                 cpu = _on_cpu(fd) - c0 - (gc_clock.total - g0)
                 # never blocked, or (marked) only waiting for a GIL held elsewhere: what it held
                 # the thread for is its CPU time
-                only_gil = gil_waits and not sampler.stack and _waited_for_the_gil(took - cpu, _sleeps() - v0)
+                # a stack taken in Thread.start (the new thread not yet run) is no sign of blocking
+                unsampled = not sampler.stack or sampler.in_start
+                only_gil = gil_waits and unsampled and _waited_for_the_gil(took - cpu, _sleeps() - v0)
                 if _sleeps() == v0 or only_gil:
                     waited = max(waited, took - cpu)
                 waited += starts.idle - i0  # a new thread's wait to run (CI: 0.1 s on a busy machine)
@@ -178,7 +186,7 @@ def guarded(slow: list[str], *, gil_waits: bool = False) -> Iterator[None]:
                         f"{sampler.stack or '(not sampled)'}"
                     )
 
-    sampler = _Sampler(thread)
+    sampler = _Sampler(thread, starts)
     sampler.start()
     asyncio.events.Handle._run = timed  # type: ignore[method-assign]
     threading.Thread.start = starts.start  # type: ignore[method-assign,assignment]
