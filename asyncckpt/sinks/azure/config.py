@@ -23,7 +23,7 @@ from ... import env as env_vars
 from ...errors import ConfigError
 from ...secrets import Secret, as_secret, check_no_userinfo
 from ...units import MiB
-from ..objstore.options import transport_values
+from ..objstore.options import check_known, layered, transport_values
 
 MAX_BLOCK = 4000 * MiB
 MAX_BLOCKS = 50_000
@@ -108,12 +108,8 @@ class AzureSettings:
     ) -> AzureSettings:
         """Merge ``options`` > ``env`` (default os.environ) > ``.env`` > its connection string;
         validate."""
-        unknown = sorted(set(options) - OPTION_KEYS)
-        if unknown:
-            known = ", ".join(sorted(OPTION_KEYS))
-            raise ConfigError(f"unknown Azure backend option(s) {', '.join(unknown)}; known: {known}")
-        dotenv = env_vars.dotenv(options.get("dotenv", True), cwd)
-        raw, sources = _raw_values({k: v for k, v in options.items() if k != "dotenv"}, env, dotenv)
+        check_known(options, OPTION_KEYS, "Azure")
+        raw, sources = _raw_values(options, env, cwd)
         values: dict[str, Any] = {k: v for k, v in raw.items() if k != "connection_string"}
         for key in ("account_key", "sas_token"):
             if key in values:
@@ -146,20 +142,13 @@ class AzureSettings:
 
 
 def _raw_values(
-    options: Mapping[str, Any], env: Mapping[str, str] | None, dotenv: Mapping[str, str]
+    options: Mapping[str, Any], env: Mapping[str, str] | None, cwd: Path | None
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """Each setting's value and where it came from, before validation (secrets still raw)."""
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for key, value in options.items():
-        if value is not None and key not in ("part_size", "max_in_flight", "max_attempts"):
-            values[key], sources[key] = value, "backend_options"
-    for origin, mapping in (("environment", env), (".env", dotenv)):
-        for key in _ENV_KEYS:
-            target = "endpoint_url" if key == "endpoint" else key
-            hit = env_vars.azure_variable(key, mapping if origin == ".env" else env)
-            if hit is not None and target not in values:
-                values[target], sources[target] = hit[1], f"{origin} {hit[0]}"
+    """Each setting's value and where it came from, before validation (secrets still raw); a
+    connection string fills in what nothing else set."""
+    values, sources = layered(
+        options, env, cwd, _ENV_KEYS, env_vars.azure_variable, {"endpoint": "endpoint_url"}
+    )
     connection = values.get("connection_string")
     if connection is not None:
         text = connection.reveal() if isinstance(connection, Secret) else str(connection)

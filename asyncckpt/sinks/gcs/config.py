@@ -35,7 +35,7 @@ from ... import env as env_vars
 from ...errors import ConfigError
 from ...secrets import Secret, as_secret, check_no_userinfo, masked_url
 from ...units import GiB, KiB
-from ..objstore.options import transport_values
+from ..objstore.options import check_known, layered, transport_values
 
 #: every chunk of a resumable upload but the last is a multiple of this (GCS's rule)
 CHUNK_GRANULE = 256 * KiB
@@ -132,12 +132,8 @@ class GcsSettings:
         cls, options: Mapping[str, Any], env: Mapping[str, str] | None = None, cwd: Path | None = None
     ) -> GcsSettings:
         """Merge ``options`` > ``env`` (default os.environ) > ``.env``; validate."""
-        unknown = sorted(set(options) - OPTION_KEYS)
-        if unknown:
-            known = ", ".join(sorted(OPTION_KEYS))
-            raise ConfigError(f"unknown GCS backend option(s) {', '.join(unknown)}; known: {known}")
-        dotenv = env_vars.dotenv(options.get("dotenv", True), cwd)
-        raw, sources = _raw_values({k: v for k, v in options.items() if k != "dotenv"}, env, dotenv)
+        check_known(options, OPTION_KEYS, "GCS")
+        raw, sources = layered(options, env, cwd, _ENV_KEYS, env_vars.gcs_variable)
         values: dict[str, Any] = {}
         token = as_secret("token", raw.get("token"))
         key = _service_account_key(raw, sources)
@@ -180,23 +176,6 @@ class GcsSettings:
         if "part_size" in values:
             check_chunk_granule(values["part_size"], "part_size")
         return cls(**values, sources=sources)
-
-
-def _raw_values(
-    options: Mapping[str, Any], env: Mapping[str, str] | None, dotenv: Mapping[str, str]
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """Each setting's value and where it came from, before validation (secrets still raw)."""
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for key, value in options.items():
-        if value is not None and key not in ("part_size", "max_in_flight", "max_attempts"):
-            values[key], sources[key] = value, "backend_options"
-    for origin, mapping in (("environment", env), (".env", dotenv)):
-        for key in _ENV_KEYS:
-            hit = env_vars.gcs_variable(key, mapping if origin == ".env" else env)
-            if hit is not None and key not in values:
-                values[key], sources[key] = hit[1], f"{origin} {hit[0]}"
-    return values, sources
 
 
 def _service_account_key(raw: dict[str, Any], sources: dict[str, str]) -> dict[str, Any] | None:

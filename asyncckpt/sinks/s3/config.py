@@ -28,6 +28,7 @@ from ...errors import ConfigError
 from ...modes import ChecksumMode, choices
 from ...secrets import Secret, as_secret, check_no_userinfo
 from ...units import GiB, MiB, parse_size
+from ..objstore.options import check_known
 from .endpoints import STRATEGIES, endpoints_from_env, strategy_from_env
 
 MIN_PART = 5 * MiB
@@ -170,11 +171,7 @@ class S3Settings:
         cls, options: Mapping[str, Any], env: Mapping[str, str] | None = None, cwd: Path | None = None
     ) -> S3Settings:
         """Merge ``options`` > ``env`` (default os.environ) > ``.env``; validate everything."""
-        unknown = sorted(set(options) - OPTION_KEYS)
-        if unknown:
-            raise ConfigError(
-                f"unknown S3 backend option(s) {', '.join(unknown)}; known: {', '.join(sorted(OPTION_KEYS))}"
-            )
+        check_known(options, OPTION_KEYS, "S3")
         env = env_vars.environ(env)
         dotenv = env_vars.dotenv(options.get("dotenv", True), cwd)
         values: dict[str, Any] = {}
