@@ -9,6 +9,22 @@ from pathlib import Path
 
 from .conftest import ROOT
 
+
+def run_guarded(tmp_path: Path, name: str, source: str) -> str:
+    """The test module ``source`` run by pytest in a child, under the suite's loop guard; its output."""
+    (tmp_path / "conftest.py").write_text("from tests.conftest import _no_blocking_in_loop  # noqa: F401\n")
+    (tmp_path / name).write_text(source)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto", "-rE"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return run.stdout + run.stderr
+
+
 BLOCKING = """
 import threading
 import time
@@ -50,17 +66,7 @@ async def test_starts_a_thread_then_blocks() -> None:
 
 
 def test_a_test_that_blocks_its_loop_fails(tmp_path: Path) -> None:
-    (tmp_path / "conftest.py").write_text("from tests.conftest import _no_blocking_in_loop  # noqa: F401\n")
-    (tmp_path / "test_guarded.py").write_text(BLOCKING)
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto", "-rE"],
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    out = run.stdout + run.stderr
+    out = run_guarded(tmp_path, "test_guarded.py", BLOCKING)
     assert "ERROR test_guarded.py::test_blocks - AssertionError: event loop was blocked" in out, out
     assert "ERROR test_guarded.py::test_computes - AssertionError: event loop was blocked" in out, out
     assert "ERROR test_guarded.py::test_starts_a_thread_then_blocks - AssertionError: eve" in out, out
@@ -117,17 +123,7 @@ async def test_holds_it_itself_marked() -> None:
 
 
 def test_a_wait_for_the_gil_another_thread_holds_is_left_out_only_where_marked(tmp_path: Path) -> None:
-    (tmp_path / "conftest.py").write_text("from tests.conftest import _no_blocking_in_loop  # noqa: F401\n")
-    (tmp_path / "test_gil.py").write_text(GIL)
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto", "-rE"],
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    out = run.stdout + run.stderr
+    out = run_guarded(tmp_path, "test_gil.py", GIL)
     for name in ("test_waits_unmarked", "test_holds_it_itself_marked"):
         assert f"ERROR test_gil.py::{name} - AssertionError: event loop w" in out, out
     # test_waits_marked and test_waits_marked_after_a_late_start among the passed
