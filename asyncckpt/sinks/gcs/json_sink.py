@@ -445,7 +445,7 @@ class GcsSink(ObjectStoreSink[GcsSettings]):
                     raise IntegrityError(
                         f"{self.uri!r} was replaced while it was being read: generation "
                         f"{self._generation}, which the load began with, is gone (another save "
-                        "wrote this key meanwhile); load it again"
+                        "wrote this key meanwhile, or it was deleted); load it again"
                     ) from err
                 err.sent = headers
                 raise err
