@@ -447,6 +447,9 @@ def test_bad_settings_are_refused_before_any_io() -> None:
         AsyncCheckpointer(backend_options={"account": "a", "account_key": "not base64!"})
     with pytest.raises(ConfigError, match="must look like http"):
         AzureSettings.resolve({"account": "a", "endpoint_url": "ftp://x"}, env={})
+    # too large for a float: it was a raw OverflowError
+    with pytest.raises(ConfigError, match="connect_timeout must be a number of seconds > 0"):
+        AzureSettings.resolve({"account": "a", "connect_timeout": 10**400}, env={})
 
 
 def test_az_is_isolated_by_capability() -> None:

@@ -510,6 +510,9 @@ def test_bad_settings_are_refused_before_any_io(tmp_path: Path) -> None:
         GcsSettings.resolve({"endpoint_url": "ftp://x", "dotenv": False}, env={})
     with pytest.raises(ConfigError, match="not a multiple of 256 KiB"):
         GcsSettings.resolve({"endpoint_url": "http://x:1", "part_size": 1000}, env={})
+    # too large for a float: it was a raw OverflowError
+    with pytest.raises(ConfigError, match="request_timeout must be a number of seconds > 0"):
+        GcsSettings.resolve({"endpoint_url": "http://x:1", "request_timeout": 10**400}, env={})
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from typing import Any
 
 from ... import env as env_vars
 from ...errors import ConfigError
-from ...units import parse_size
+from ...units import finite, parse_size, shown
 
 #: a store's variable lookup in asyncckpt.env: setting -> (variable, value) or None
 Lookup = Callable[[str, Mapping[str, str] | None], tuple[str, str] | None]
@@ -25,11 +25,14 @@ def positive(name: str, value: object, *, integer: bool) -> Any:
     if isinstance(value, str):
         with contextlib.suppress(ValueError, ConfigError):
             value = parse_size(value, name=name) if integer else float(value)
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or not 0 < value < float("inf"):  # type: ignore[operator]
+    if integer:
+        number: Any = value if isinstance(value, int) and not isinstance(value, bool) else None
+    else:
+        number = finite(value)  # None: not a number, or too large for a float (10**400)
+    if number is None or not number > 0:
         kind = "an integer >= 1" if integer else "a number of seconds > 0"
-        raise ConfigError(f"backend option {name} must be {kind}, got {value!r}")
-    return value if integer else float(value)  # type: ignore[arg-type]
+        raise ConfigError(f"backend option {name} must be {kind}, got {shown(value)}")
+    return number
 
 
 def transport_values(options: Mapping[str, Any]) -> dict[str, Any]:
