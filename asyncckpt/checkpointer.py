@@ -26,7 +26,7 @@ from .errors import ConfigError
 from .results.records import LoadResult, SaveResult
 from .sinks import local_path
 from .sinks.router import StorageRouter
-from .sources import CallerData
+from .sources import CallerData, ReadFrom
 from .state import api as state_api
 from .state.results import StagedSave, StateLoadResult, StateSaveResult
 from .state.staging import StagingArea
@@ -145,7 +145,7 @@ class AsyncCheckpointer:
         uri: str | os.PathLike[str],
         size: int | None = None,
         *,
-        data: CallerData | None = None,
+        data: CallerData | ReadFrom | None = None,
         method: modes.SaveMethod = "streaming",
         progress: ProgressFn | None = None,
         expect_crc32c: Sequence[int] | None = None,
@@ -154,7 +154,9 @@ class AsyncCheckpointer:
 
         Without ``data`` the bytes are synthetic (seeded, reproducible). With ``data`` (bytes-like
         or a sync/async iterable of buffers) real state is streamed; ``size`` defaults to
-        ``len(data)`` for bytes-like data. Nothing is visible at ``uri`` unless this returns.
+        ``len(data)`` for bytes-like data. A :class:`asyncckpt.sources.ReadFrom` reads the bytes
+        from storage straight into the pipeline's buffers (a copy between tiers: a drain).
+        Nothing is visible at ``uri`` unless this returns.
         ``expect_crc32c``: per-chunk CRCs the caller computed beforehand (``save_state``); if the
         pipeline's differ, the data changed while being saved and nothing is published.
         """

@@ -1,8 +1,9 @@
 """One rank's object copied from the local tier to the remote one: the drain of a tiered step.
 
 The local object is a ``save_state`` object: its safetensors header carries the CRC32C of each
-chunk. The drain reads it (O_DIRECT where the file sink reads so, into page-aligned memory) and
-streams the bytes through the ordinary save (:meth:`AsyncCheckpointer.save` with
+chunk. The drain reads it (O_DIRECT where the file sink reads so) straight into the pool's
+page-aligned buffers (:class:`~asyncckpt.sources.ReadFrom`) and streams the bytes through the
+ordinary save (:meth:`AsyncCheckpointer.save` with
 ``expect_crc32c``: the pool, bounded writes in flight, multipart, the CPU lane), so the remote
 object is byte for byte the local one and verifies with the same checksums. Nothing is hashed
 twice: the pipeline's own CRC32C of each chunk, taken beside its write, is compared with the
@@ -12,10 +13,6 @@ offset (:class:`ChecksumMismatchError`) and nothing is published remotely.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import mmap
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,10 +20,9 @@ from .engine import chunks
 from .engine.header import state_manifest
 from .engine.monitor import now
 from .errors import ChecksumMismatchError, ConfigError, IntegrityError, SourceChangedError
-from .pool import private_mapping
 from .results.records import SaveResult
-from .sinks.base import Sink
 from .sinks.router import StorageRouter
+from .sources import ReadFrom
 from .units import finite, shown
 
 
@@ -75,39 +71,6 @@ def check_bandwidth(value: object) -> float | None:
     return number
 
 
-async def _reads(sink: Sink, size: int, chunk: int, cap: float | None) -> AsyncIterator[memoryview]:
-    """The local object in ``chunk``-byte pieces, read into one page-aligned buffer (the save's
-    source copies each piece out before asking for the next), paced to ``cap`` bytes/s."""
-    buf = private_mapping(chunk)
-    view = memoryview(buf)
-    t0, done = now(), 0
-    try:
-        while done < size:
-            want = min(chunk, size - done)
-            got = 0
-            while got < want:
-                n = await sink.read_into(done + got, view[got:want])
-                if n <= 0:
-                    raise IntegrityError(
-                        f"{sink.uri!r} ended at offset {done + got} of {size} during its drain"
-                    )
-                got += n
-            done += want
-            yield view[:want]
-            if cap is not None:  # rate limiting, not synchronisation: ahead of the cap, pause
-                ahead = done / cap - (now() - t0)
-                if ahead > 0:
-                    await asyncio.sleep(ahead)
-    finally:
-        view.release()
-        _close(buf)
-
-
-def _close(buf: mmap.mmap) -> None:
-    with contextlib.suppress(BufferError):  # a view still exported: freed with it
-        buf.close()
-
-
 async def drain_object(
     host: DrainHost, local_uri: str, remote_uri: str, *, bandwidth: float | None = None
 ) -> Drained:
@@ -134,7 +97,7 @@ async def drain_object(
             saved = await host.save(
                 remote_uri,
                 size,
-                data=_reads(sink, size, chunk, bandwidth),
+                data=ReadFrom(sink.read_into, local_uri, bandwidth),
                 expect_crc32c=list(expect),
             )
         except SourceChangedError as exc:

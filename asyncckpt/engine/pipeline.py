@@ -187,7 +187,7 @@ async def stream(
             held.add(buf)
             rec = ChunkRecord(index, offset, 0, t_acquire=t0, wait_free_s=now() - t0)
             want = min(pool.chunk_size, total - offset)
-            async with lane:
+            async with lane if source.uses_cpu else contextlib.nullcontext():
                 rec.nbytes, rec.fill_s = await source.fill(buf.view[:want], cpu)
             if rec.nbytes != want:
                 raise RuntimeError(f"source produced {rec.nbytes} of {want} bytes at {offset}")

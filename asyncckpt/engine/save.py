@@ -24,7 +24,7 @@ from ..sinks.base import Sink
 from ..sinks.commit import commit, note_publication
 from ..sinks.isolation import SharedBufferPool
 from ..sinks.router import StorageRouter
-from ..sources import CallerData, make_source
+from ..sources import CallerData, ReadFrom, make_source
 from ..sources.base import Source
 from ..sources.caller import as_bytes_view
 from .monitor import LoopMonitor, now
@@ -49,7 +49,7 @@ async def save_object(
     storage: StorageRouter,
     uri: str | os.PathLike[str],
     size: int | None,
-    data: CallerData | None,
+    data: CallerData | ReadFrom | None,
     method: modes.SaveMethod,
     progress: ProgressFn | None,
     expect_crc32c: Sequence[int] | None,

@@ -7,15 +7,24 @@ from .base import GenSpec, Source, ThreadedSource, fill_sequentially
 from .caller import CallerData, CallerSource
 from .dgen import DgenSource, pool_threads
 from .numpy_gen import NumpySource
+from .reader import ReaderSource, ReadFrom
 from .spec import source_from_spec
 
 GENERATORS = choices(Generator)
 
 
 def make_source(
-    generator: str, total_size: int, *, seed: int, threads: int, data: CallerData | None = None
+    generator: str,
+    total_size: int,
+    *,
+    seed: int,
+    threads: int,
+    data: CallerData | ReadFrom | None = None,
 ) -> Source:
-    """The source for one save: caller data when given, else the named generator."""
+    """The source for one save: bytes read from storage or caller data when given, else the
+    named generator."""
+    if isinstance(data, ReadFrom):
+        return ReaderSource(data, total_size)
     if data is not None:
         return CallerSource(data, total_size)
     if generator == "numpy":
@@ -30,6 +39,8 @@ __all__ = [
     "DgenSource",
     "GenSpec",
     "NumpySource",
+    "ReadFrom",
+    "ReaderSource",
     "Source",
     "ThreadedSource",
     "fill_sequentially",

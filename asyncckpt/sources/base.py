@@ -20,6 +20,9 @@ class Source(ABC):
     """
 
     kind: str = "source"
+    #: whether a fill is CPU work (generation, a copy) that takes turns with the checksums on
+    #: the CPU lane; a fill that waits on storage (a read) does not hold the lane
+    uses_cpu: bool = True
 
     def __init__(self, total_size: int) -> None:
         self.total_size = total_size
