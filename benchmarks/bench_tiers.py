@@ -53,7 +53,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--dir", type=directory, default=None, help="where the local tier's roots go (default: the temp dir)"
     )
-    p.add_argument("--remote", default=None, help="a directory or s3://bucket/prefix (default: --server's)")
+    p.add_argument(
+        "--remote",
+        type=remote_root,
+        default=None,
+        help="an existing directory or s3://bucket/prefix (default: --server's)",
+    )
     p.add_argument("--server", default="moto", choices=("moto", "swift"), help="embedded S3 server")
     p.add_argument("--chunk-size", default="32MiB")
     p.add_argument(
@@ -71,6 +76,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "assembles a 1 GiB multipart upload in more than the default 10 s, and the drain then failed)",
     )
     return p.parse_args(argv)
+
+
+def remote_root(value: str) -> str:
+    """An argparse type: a URI, or an existing directory (named in the usage error if not)."""
+    return value if "://" in value else directory(value)
 
 
 def make_state(size: int, tensor: int) -> dict[str, np.ndarray]:

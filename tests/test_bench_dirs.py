@@ -40,10 +40,13 @@ def bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("script", sorted(DIRECTORY_OPTIONS))
-def test_a_missing_directory_is_a_usage_error(script: str, tmp_path: object) -> None:
+#: further directory options: bench_tiers' --remote (a directory, or a URI taken as it is)
+MORE_DIRECTORY_OPTIONS = [("bench_tiers.py", "--remote")]
+
+
+@pytest.mark.parametrize(("script", "option"), [*sorted(DIRECTORY_OPTIONS.items()), *MORE_DIRECTORY_OPTIONS])
+def test_a_missing_directory_is_a_usage_error(script: str, option: str, tmp_path: object) -> None:
     missing = f"{tmp_path}/no-such-dir"
-    option = DIRECTORY_OPTIONS[script]
     done = bench(script, option, missing)
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"argument {option}: '{missing}' does not exist" in done.stderr
