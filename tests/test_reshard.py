@@ -214,8 +214,19 @@ def big() -> np.ndarray[Any, Any]:
     return np.random.default_rng(7).standard_normal((1024, 2048), dtype=np.float32)  # 8 MiB
 
 
-async def test_large_boxes_load_bit_identical_with_their_copy_shared_between_threads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("chunk_size", "shares"),
+    [
+        # reads of whole checksum blocks: each read is checked and copied in its own hop as it
+        # lands, beside the other reads in flight, so no copy is cut between threads
+        (CHUNK, 0),
+        # reads that cut blocks (a loading chunk_size the saved blocks do not divide) are
+        # checked in order, in one hop: a large copy is shared out
+        (CHUNK + 4096, 2),
+    ],
+)
+async def test_large_boxes_load_bit_identical_copied_beside_the_reads_or_shared_between_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_size: int, shares: int
 ) -> None:
     from asyncckpt.state import reshard
 
@@ -231,13 +242,14 @@ async def test_large_boxes_load_bit_identical_with_their_copy_shared_between_thr
     w = big()
     async with ckpt() as c:
         await c.save_step(tmp_path, 1, {"w": Shard(w.shape, (0, 0), w), "step": 5})
+    async with AsyncCheckpointer(chunk_size=chunk_size, num_buffers=3) as c:  # reads of chunk_size
         rows = await c.load_step(
             tmp_path, into={"w": Shard(w.shape, (100, 0), np.zeros((800, 2048), np.float32))}
         )
         cols = await c.load_step(
             tmp_path, into={"w": Shard(w.shape, (0, 3), np.zeros((1024, 1000), np.float32))}
         )
-    assert max(shared) == 2  # the views of the direct (row) copy were cut in two
+    assert max(shared, default=0) == shares  # the views of the direct (row) copy cut in two, or none
     assert np.array_equal(rows.state["w"].data, w[100:900]) and rows.state["step"] == 5
     assert np.array_equal(cols.state["w"].data, w[:, 3:1003])
     assert rows.reads is not None and rows.reads.read <= 1.1 * rows.reads.needed
@@ -299,19 +311,25 @@ async def test_each_read_is_verified_and_copied_out_in_one_thread_hop(
 
 
 def test_a_view_that_fails_its_checksum_is_not_delivered() -> None:
-    from asyncckpt.engine.loader import check_then_deliver
+    from asyncckpt.engine.loader import check_then_deliver, check_whole_then_deliver
     from asyncckpt.engine.verify import Mismatch
 
     class Bad:
         def check_cpu_sync(self, offset: int, view: memoryview) -> tuple[Mismatch | None, float, float]:
             return Mismatch(0, None), 0.0, 0.0
 
-    got: list[int] = []
-    bad, _, _ = check_then_deliver(Bad(), lambda at, v: got.append(at), 7, memoryview(b"x"))  # type: ignore[arg-type]
-    assert bad == Mismatch(0, None) and got == []
-    assert check_then_deliver(None, lambda at, v: got.append(at), 7, memoryview(b"x"))[0] is None and got == [
-        7
-    ]
+        check_whole_cpu_sync = check_cpu_sync
+
+    got: list[tuple[int, bool]] = []
+
+    def keep(at: int, v: memoryview, beside: bool) -> None:
+        got.append((at, beside))
+
+    x = memoryview(b"x")
+    assert check_then_deliver(Bad(), keep, 7, x)[0] == Mismatch(0, None) and got == []  # type: ignore[arg-type]
+    assert check_whole_then_deliver(Bad(), keep, 7, x)[0] == Mismatch(0, None) and got == []  # type: ignore[arg-type]
+    assert check_then_deliver(None, keep, 7, x)[0] is None and got == [(7, False)]
+    assert check_whole_then_deliver(None, keep, 8, x)[0] is None and got == [(7, False), (8, True)]
 
 
 def s3_env(ep: S3Endpoint) -> str:

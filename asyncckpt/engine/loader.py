@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,10 +26,14 @@ from ..results.records import LoadResult
 from ..sinks.base import Sink
 from .manifest import Manifest, object_name
 from .monitor import now
-from .verify import SYNTHETIC, Mismatch, RegenerateVerifier, Verifier
+from .verify import SYNTHETIC, BlockVerifier, Mismatch, RegenerateVerifier, Verifier
 
-#: a blocking ``(object offset, view)`` consumer run in the thread that verified the view
-Deliver = Callable[[int, memoryview], None]
+#: a blocking ``(object offset, view, beside)`` consumer run in the thread that verified the
+#: view: ``beside`` is True where each read's view is verified and delivered as it lands, so
+#: several run at once (a partial read of whole checksum blocks), False in the in-order hop
+Deliver = Callable[[int, memoryview, bool], None]
+#: run in a read's own task once its bytes landed: (its record, its view)
+Landed = Callable[[ReadRecord, memoryview], Awaitable[None]]
 
 VERIFY_MODES: dict[object, VerifyMode] = {
     True: "checksum",
@@ -133,8 +137,12 @@ class OrderedReader:
         num_readers: int,
         uri: str,
         spans: Sequence[tuple[int, int]] | None = None,
+        landed: Landed | None = None,
     ) -> None:
+        """``landed``: work on each read's bytes in that read's task (beside the other reads),
+        before it is handed out in order."""
         self.sink, self.pool, self.size, self.read_chunk, self.uri = sink, pool, size, read_chunk, uri
+        self.landed = landed
         self.spans = [(0, size)] if spans is None else list(spans)
         self._slots = asyncio.Semaphore(num_readers)
         self._queue: asyncio.Queue[tuple[PoolBuffer, ReadRecord, asyncio.Task[None]] | Exception | None]
@@ -188,6 +196,8 @@ class OrderedReader:
             rec.read_s = rec.t_read_end - rec.t_read_start
         finally:
             self._slots.release()
+        if self.landed is not None:  # the buffer, not the read slot, is held meanwhile
+            await self.landed(rec, buf.view[: rec.nbytes])
 
     async def next(self) -> tuple[PoolBuffer, ReadRecord] | None:
         """The next chunk in object order, once its read completed (None at the end)."""
@@ -288,9 +298,25 @@ async def stream_views(
     deliver: Deliver | None = None,
 ) -> AsyncGenerator[memoryview, None]:
     """Yield the object's bytes in order, verified; each view is valid until the next one.
-    ``deliver`` gets each view first, in the verification's thread hop once it verified."""
+    ``deliver`` gets each view first, once it verified: as each read lands, several at once,
+    when every read holds whole checksum blocks (a partial read of a state object, whose
+    blocks are checked one by one), else in order in the verification's thread hop."""
     if state.size == 0:
         raise TargetNotFoundError(errno.ENOENT, f"{uri!r}: size unknown (open the load first)")
+    beside = deliver is not None and (
+        verifier is None
+        or (isinstance(verifier, BlockVerifier) and verifier.whole_reads(state.spans or [], read_chunk))
+    )
+    found: dict[int, Mismatch] = {}
+    blocks = verifier if isinstance(verifier, BlockVerifier) else None
+
+    async def landed(rec: ReadRecord, view: memoryview) -> None:
+        bad, rec.verify_s, rec.verify_cpu_s = await run_blocking(
+            executor, check_whole_then_deliver, blocks, deliver, rec.offset, view
+        )
+        if bad is not None:
+            found[rec.index] = bad
+
     reader = OrderedReader(
         sink,
         pool,
@@ -299,6 +325,7 @@ async def stream_views(
         num_readers=num_readers,
         uri=uri,
         spans=state.spans,
+        landed=landed if beside else None,
     )
     try:
         while (item := await reader.next()) is not None:
@@ -306,14 +333,15 @@ async def stream_views(
             view = buf.view[: rec.nbytes]
             state.offset = rec.offset
             t0 = now()
-            if verifier is not None or deliver is not None:
+            bad = found.pop(rec.index, None)
+            if not beside and (verifier is not None or deliver is not None):
                 bad, rec.verify_s, rec.verify_cpu_s = await run_blocking(
                     executor, check_then_deliver, verifier, deliver, rec.offset, view
                 )
-                if bad is not None:
-                    assert verifier is not None
-                    bad = await pinpoint(bad, manifest, sink, executor, threads=threads)
-                    raise mismatch_error(bad, manifest, uri, verifier.mode, state.identity_note)
+            if bad is not None:
+                assert verifier is not None
+                bad = await pinpoint(bad, manifest, sink, executor, threads=threads)
+                raise mismatch_error(bad, manifest, uri, verifier.mode, state.identity_note)
             yield view
             rec.consume_s = now() - t0  # verification + the caller
             with contextlib.suppress(BufferError):  # exported (e.g. to NumPy): cannot enforce
@@ -335,7 +363,19 @@ def check_then_deliver(
     costs 0.2-1.5 ms on the reference VM; a resharded rank's many small reads paid two)."""
     bad, seconds, cpu = verifier.check_cpu_sync(offset, view) if verifier is not None else (None, 0.0, 0.0)
     if bad is None and deliver is not None:
-        deliver(offset, view)
+        deliver(offset, view, False)
+    return bad, seconds, cpu
+
+
+def check_whole_then_deliver(
+    verifier: BlockVerifier | None, deliver: Deliver | None, offset: int, view: memoryview
+) -> tuple[Mismatch | None, float, float]:
+    """:func:`check_then_deliver` for a read of whole checksum blocks, beside other reads."""
+    bad, seconds, cpu = (
+        verifier.check_whole_cpu_sync(offset, view) if verifier is not None else (None, 0.0, 0.0)
+    )
+    if bad is None and deliver is not None:
+        deliver(offset, view, True)
     return bad, seconds, cpu
 
 

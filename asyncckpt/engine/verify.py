@@ -15,7 +15,7 @@ import ctypes.util
 import mmap
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -161,6 +161,30 @@ class BlockVerifier(Verifier):
     def finish_sync(self) -> None:
         if self._open is not None:
             raise RuntimeError(f"partial read ended inside chunk {self._open}: it was not verified")
+
+    def whole_reads(self, spans: Sequence[tuple[int, int]], piece: int) -> bool:
+        """Whether ``spans`` read in ``piece``-byte reads gives every read whole chunks only:
+        then each read can be checked on its own as it lands (:meth:`check_whole_cpu_sync`)."""
+        block, end_all = self.manifest.chunk_size, self.manifest.size
+        if piece % block:
+            return False
+        return all(
+            start % block == 0 and ((start + length) % block == 0 or start + length == end_all)
+            for start, length in spans
+        )
+
+    def check_whole_cpu_sync(self, offset: int, view: memoryview) -> tuple[Mismatch | None, float, float]:
+        """The CRC32C of each whole chunk in ``view``, with no state shared between calls (reads
+        in flight are checked at once, in any order); (first mismatch, seconds, CPU seconds)."""
+        cpu, start = time.thread_time(), time.perf_counter()
+        bad = None
+        for chunk, within, pos, take in segments(self.manifest, offset, len(view)):
+            if within or take != self.manifest.chunk_span(chunk)[1]:
+                raise RuntimeError(f"read at offset {offset} does not hold chunk {chunk} whole")
+            if crc(view[pos : pos + take]) != self.manifest.chunk_crc32c[chunk]:
+                bad = Mismatch(chunk, None)
+                break
+        return bad, time.perf_counter() - start, time.thread_time() - cpu
 
 
 class RegenerateVerifier(Verifier):

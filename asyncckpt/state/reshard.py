@@ -384,14 +384,20 @@ async def read_object(
     executor = rt.executor()
     threads = rt.budget.blocked_threads
 
-    def deliver(at: int, view: memoryview) -> None:  # in the hop that verified the view
-        if len(share_cuts(len(view), threads)) == 1:
+    delivered: set[int] = set()
+
+    def deliver(at: int, view: memoryview, beside: bool) -> None:  # in the hop that verified it
+        # beside other reads' copies, a read copies its own bytes: they already share the
+        # threads; in the one in-order hop, a large copy is left to be shared out (take)
+        if beside or len(share_cuts(len(view), threads)) == 1:
             temps.put(at, view)
+            delivered.add(at)
 
     async def take(at: int, view: memoryview) -> None:  # verified; shared if not delivered
-        cuts = share_cuts(len(view), threads)
-        if len(cuts) > 1:
-            await put_shared(executor, temps, at, view, cuts)
+        if at in delivered:
+            delivered.discard(at)
+            return
+        await put_shared(executor, temps, at, view, share_cuts(len(view), threads))
 
     await read(rt, storage, uri, take, known=Known(manifest, size, verify, spans), deliver=deliver)
     if temps.strided:  # a Shard(0) split has none: no hop
