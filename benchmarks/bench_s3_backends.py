@@ -24,7 +24,9 @@ which keeps its copies: into the shared pool, then into s3dlio's memory) and the
 ceiling (s3dlio fed by copying a pre-filled buffer into ``reserve()``), reported beside it.
 ``--with-crc`` adds to each pair s3dlio used directly plus the CRC32C of every part that
 asyncckpt computes for its manifest (same kernel, overlapped with the next part's generation
-as asyncckpt does), and a second, informative verdict against that.
+as asyncckpt does), and a second, informative verdict against that. ``--integrity none``
+saves through asyncckpt without any checksum (issue 29 section 4: a pure storage benchmark),
+judged against the library used directly, which computes none either.
 
 Prints a table and JSON (``--json FILE`` writes it too). Each backend runs in its own
 spawned process: s3dlio and the CRT configure their clients once per process. With
@@ -59,7 +61,7 @@ from _common import emit, ratio_verdict
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.checksum import crc
-from asyncckpt.modes import ThreadBudgetRule
+from asyncckpt.modes import Integrity, ThreadBudgetRule
 from asyncckpt.results.text import format_table
 from asyncckpt.sinks.s3 import S3_BACKENDS, installed, sink_class
 from asyncckpt.units import parse_size
@@ -519,7 +521,11 @@ async def default_save(a: argparse.Namespace, backend: str, caller: bool) -> dic
         backend_options={**options, "max_in_flight": a.max_in_flight},
         seed=SEED,
         # the library's defaults unless the command line overrides them
-        **{k: v for k in ("thread_budget", "gen_threads", "cpu_nice") if (v := getattr(a, k)) is not None},
+        **{
+            k: v
+            for k in ("thread_budget", "gen_threads", "cpu_nice", "integrity")
+            if (v := getattr(a, k, None)) is not None
+        },
     ) as ckpt:
         await ckpt.save(f"s3://{a.bucket}/warmup", a.part_size)  # writer process, client setup
         r = await ckpt.save(f"s3://{a.bucket}/asyncckpt", a.size, data=data)
@@ -591,6 +597,7 @@ def pairs(a: argparse.Namespace, backend: str) -> None:
         "part_size": a.part_size,
         "max_in_flight": a.max_in_flight,
         "endpoint": a.endpoint,
+        "integrity": a.integrity or "crc32c (default)",
         "verdict": ratio_verdict([r["ratio"] for r in rows], 0.97),
     }
     if a.with_crc:  # informative: what asyncckpt adds beyond the per-chunk CRC32C it must do
@@ -600,7 +607,8 @@ def pairs(a: argparse.Namespace, backend: str) -> None:
         extra["caller_vs_ceiling_median"] = statistics.median(r["caller_vs_ceiling"] for r in rows)
     print(
         f"{backend}: asyncckpt default mode vs the library used directly, {a.size / 2**30:.3f} GiB, "
-        f"parts {a.part_size / 2**20:.0f} MiB, {a.max_in_flight} in flight, {a.endpoint}"
+        f"parts {a.part_size / 2**20:.0f} MiB, {a.max_in_flight} in flight, {a.endpoint}, "
+        f"integrity {extra['integrity']}"
     )
     verdict = extra["verdict"]
     ci = verdict["ci95"]
@@ -667,6 +675,13 @@ def main() -> None:
         type=int,
         default=None,
         help="with --pairs (not aiobotocore): asyncckpt's cpu_nice (the writer's niceness)",
+    )
+    p.add_argument(
+        "--integrity",
+        choices=get_args(Integrity),
+        default=None,
+        help="with --pairs (not aiobotocore): asyncckpt's integrity (none: no CRC32C, judged against "
+        "the library used directly without one, issue 29 section 4)",
     )
     a = p.parse_args()
     a.server_pid = None
