@@ -303,9 +303,9 @@ async def stream_views(
     blocks are checked one by one), else in order in the verification's thread hop."""
     if state.size == 0:
         raise TargetNotFoundError(errno.ENOENT, f"{uri!r}: size unknown (open the load first)")
+    spans = state.spans if state.spans is not None else [(0, state.size)]
     beside = deliver is not None and (
-        verifier is None
-        or (isinstance(verifier, BlockVerifier) and verifier.whole_reads(state.spans or [], read_chunk))
+        verifier is None or (isinstance(verifier, BlockVerifier) and verifier.whole_reads(spans, read_chunk))
     )
     found: dict[int, Mismatch] = {}
     blocks = verifier if isinstance(verifier, BlockVerifier) else None
