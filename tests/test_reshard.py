@@ -332,6 +332,40 @@ def test_a_view_that_fails_its_checksum_is_not_delivered() -> None:
     assert check_whole_then_deliver(None, keep, 8, x)[0] is None and got == [(7, False), (8, True)]
 
 
+def test_reads_of_whole_blocks_are_checked_on_their_own_and_others_are_not_taken_for_them() -> None:
+    import os
+
+    from asyncckpt.checksum import crc
+    from asyncckpt.engine.manifest import Manifest
+    from asyncckpt.engine.verify import BlockVerifier, Mismatch
+
+    block, size = 4096, 4096 * 5 + 100  # the last block is short
+    data = bytearray(os.urandom(size))
+    crcs = tuple(crc(bytes(data[i : i + block])) for i in range(0, size, block))
+    m = Manifest(
+        object="o",
+        size=size,
+        chunk_size=block,
+        generator="caller",
+        seed=None,
+        chunk_crc32c=crcs,
+        object_crc32c=None,
+    )
+    v = BlockVerifier(m)
+    assert v.whole_reads([(0, size)], 2 * block)
+    assert v.whole_reads([(block, 2 * block), (4 * block, size - 4 * block)], block)
+    assert not v.whole_reads([(0, size)], 2 * block + 4096 // 2)  # a read size the blocks do not divide
+    assert not v.whole_reads([(100, block)], block)  # a span off a block boundary
+    assert not v.whole_reads([(0, block + 100)], block)  # a span ending inside a block
+    # in any order, each read alone, the short last block included
+    assert v.check_whole_cpu_sync(4 * block, memoryview(data)[4 * block :])[0] is None
+    assert v.check_whole_cpu_sync(0, memoryview(data)[: 2 * block])[0] is None
+    data[3 * block + 7] ^= 1
+    assert v.check_whole_cpu_sync(2 * block, memoryview(data)[2 * block : 4 * block])[0] == Mismatch(3, None)
+    with pytest.raises(RuntimeError, match="does not hold chunk 0 whole"):
+        v.check_whole_cpu_sync(0, memoryview(data)[:100])
+
+
 def s3_env(ep: S3Endpoint) -> str:
     return json.dumps(
         {"endpoint": ep.endpoint, "key": ep.access_key, "secret": ep.secret_key, "region": ep.region}
