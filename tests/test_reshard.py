@@ -366,6 +366,54 @@ def test_reads_of_whole_blocks_are_checked_on_their_own_and_others_are_not_taken
         v.check_whole_cpu_sync(0, memoryview(data)[:100])
 
 
+def test_in_order_checks_of_several_blocks_per_read_name_the_bad_block() -> None:
+    """Whole blocks in a read are checked with one CRC against the manifest's combined; the
+    reads below also start and end inside blocks, and a flipped byte is still named by block."""
+    import itertools
+    import os
+
+    from asyncckpt.checksum import combine_all, crc
+    from asyncckpt.engine.manifest import Manifest
+    from asyncckpt.engine.verify import BlockVerifier, ChecksumVerifier, Mismatch, runs
+
+    block, size = 4096, 4096 * 9 + 100  # the last block is short
+    data = bytearray(os.urandom(size))
+    crcs = tuple(crc(bytes(data[i : i + block])) for i in range(0, size, block))
+    whole = combine_all((c, min(block, size - i * block)) for i, c in enumerate(crcs))
+    m = Manifest(
+        object="o",
+        size=size,
+        chunk_size=block,
+        generator="caller",
+        seed=None,
+        chunk_crc32c=crcs,
+        object_crc32c=whole,
+    )
+    # whole blocks merged into one run, parts of blocks alone
+    assert list(runs(m, 100, 3 * block)) == [
+        (0, 100, 0, block - 100, 0),
+        (1, 0, block - 100, 2 * block, 2),
+        (3, 0, 3 * block - 100, 100, 0),
+    ]
+    cuts = [0, 100, 3 * block + 100, 3 * block + 200, 8 * block, size]  # reads in order
+    for flip in (None, 5 * block + 9, size - 1, 50):
+        if flip is not None:
+            data[flip] ^= 1
+        for v in (ChecksumVerifier(m), BlockVerifier(m)):
+            bad = None
+            for lo, hi in itertools.pairwise(cuts):
+                bad, _ = v.check_sync(lo, memoryview(data)[lo:hi])
+                if bad is not None:
+                    break
+            if flip is None:
+                assert bad is None
+                v.finish_sync()  # the whole-object CRC of the checksum verifier agrees too
+            else:
+                assert bad == Mismatch(flip // block, None), (type(v).__name__, flip)
+        if flip is not None:
+            data[flip] ^= 1
+
+
 def s3_env(ep: S3Endpoint) -> str:
     return json.dumps(
         {"endpoint": ep.endpoint, "key": ep.access_key, "secret": ep.secret_key, "region": ep.region}
