@@ -17,11 +17,15 @@ A process, not a thread, so the neighbours never hold the load's GIL. If the CRC
 costs the unverified load what the check costs, the price is the work itself on this machine
 (not the pipeline's structure); the spin neighbour separates CPU time from memory traffic.
 
+``--state`` saves a state object instead (float32 tensors of 64 MiB, with ``save_state``) and
+loads it with ``load_state`` into arrays touched before timing: its checksums are per 256 KiB
+block, not per 32 MiB chunk, so each read holds 128 of them.
+
 ``--num-buffers`` and ``--max-in-flight`` set the checkpointer's pool and reads in flight
 (defaults: the library's), to see whether the check holds buffers the reads wait for.
 
     python benchmarks/bench_verify_cost.py [--size 2GiB] [--pairs 6] [--dir /var/tmp] [--duty 0.2]
-                                           [--num-buffers N] [--max-in-flight N]
+                                           [--num-buffers N] [--max-in-flight N] [--state]
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from _common import directory, emit, median, positive_int, rate_stats, rotation
 
 from asyncckpt import AsyncCheckpointer, parse_size
 
 PIECE = 32 << 20  # the CRC neighbour's piece: one pipeline chunk
+TENSOR = 64 << 20
 ARMS = ("verified", "unverified", "unverified + CRC neighbour", "unverified + spin neighbour")
 
 
@@ -66,20 +72,38 @@ def neighbour(kind: str, duty: float, stop: Event, ready: Event) -> None:
         stop.wait(busy * (1 - duty) / duty)
 
 
+def state_of(size: int) -> dict[str, Any]:
+    """float32 tensors of 64 MiB (the last one shorter) holding ``size`` bytes, every page touched."""
+    rng = np.random.default_rng(0)
+    out, left, i = {}, size, 0
+    while left > 0:
+        n = min(left, TENSOR) // 4
+        out[f"t{i:03d}"] = rng.standard_normal(n, dtype=np.float32)
+        left, i = left - n * 4, i + 1
+    return out
+
+
 async def run(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]]]:
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = str(Path(tmp) / "verify-cost.bin")
         rates: dict[str, list[float]] = {arm: [] for arm in ARMS}
         # from the load's own records: after the last read ended, and reads waiting for a buffer
-        trace: dict[str, dict[str, list[float]]] = {arm: {"tail_s": [], "wait_free_s": []} for arm in ARMS}
+        trace: dict[str, dict[str, list[float]]] = {
+            arm: {"tail_s": [], "wait_free_s": [], "check_s": [], "check_cpu_s": []} for arm in ARMS
+        }
         knobs = {
             k: v
             for k, v in (("num_buffers", args.num_buffers), ("max_in_flight", args.max_in_flight))
             if v is not None
         }
         async with AsyncCheckpointer(**knobs) as ckpt:
-            await ckpt.save(path, args.size)
+            into = None
+            if args.state:
+                into = await asyncio.to_thread(state_of, args.size)
+                await ckpt.save_state(path, into)
+            else:
+                await ckpt.save(path, args.size)
             for i in range(args.pairs):
                 for arm in (ARMS[k] for k in rotation(len(ARMS), i)):
                     stop, ready = ctx.Event(), ctx.Event()
@@ -91,11 +115,18 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[st
                         await asyncio.to_thread(ready.wait)
                     try:
                         t0 = time.perf_counter()
-                        result = await ckpt.load(path, verify=arm == "verified")
+                        if into is not None:
+                            got = await ckpt.load_state(path, into=into, verify=arm == "verified")
+                            result = got.load
+                        else:
+                            result = await ckpt.load(path, verify=arm == "verified")
                         t1 = time.perf_counter()
                         rates[arm].append(args.size / (t1 - t0) / 1e9)
-                        trace[arm]["tail_s"].append(t1 - max(r.t_read_end for r in result.records))
-                        trace[arm]["wait_free_s"].append(sum(r.wait_free_s for r in result.records))
+                        records = result.records
+                        trace[arm]["tail_s"].append(t1 - max(r.t_read_end for r in records))
+                        trace[arm]["wait_free_s"].append(sum(r.wait_free_s for r in records))
+                        trace[arm]["check_s"].append(sum(r.verify_s for r in records))
+                        trace[arm]["check_cpu_s"].append(sum(r.verify_cpu_s for r in records))
                     finally:
                         stop.set()
                         if proc is not None:
@@ -115,6 +146,7 @@ def main() -> None:
     p.add_argument(
         "--max-in-flight", type=positive_int, default=None, help="reads in flight (default: library)"
     )
+    p.add_argument("--state", action="store_true", help="a state object, loaded with load_state")
     args = p.parse_args()
     if not 0 < args.duty <= 1:
         p.error(f"--duty must be in (0, 1], got {args.duty}")
@@ -126,6 +158,8 @@ def main() -> None:
             **rate_stats(r, base, "÷ unverified (per round, median)"),
             "after last read s": median(trace[arm]["tail_s"]),
             "waiting for a buffer s": median(trace[arm]["wait_free_s"]),
+            "check s": median(trace[arm]["check_s"]),
+            "check CPU s": median(trace[arm]["check_cpu_s"]),
         }
         for arm, r in rates.items()
     ]
@@ -140,12 +174,15 @@ def main() -> None:
             "÷ unverified (per round, median)",
             "after last read s",
             "waiting for a buffer s",
+            "check s",
+            "check CPU s",
         ],
         {
             "size": args.size,
             "duty": args.duty,
             "num_buffers": args.num_buffers,
             "max_in_flight": args.max_in_flight,
+            "state": args.state,
             "rates": rates,
             "trace": trace,
         },
