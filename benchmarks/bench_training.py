@@ -30,7 +30,7 @@ dependencies; docs/benchmarks.md says how); without them the row is skipped with
 ``DS_ACCELERATOR`` defaults to ``cpu`` for it.
 
     python benchmarks/bench_training.py [--state-size 256MiB] [--repeats 3] [--dir /var/tmp]
-        [--train-threads N]
+        [--train-threads N] [--tiered-server files] [--drain-bandwidth 100MB]
 """
 
 from __future__ import annotations
@@ -120,8 +120,11 @@ def state_bytes(state: Any) -> int:
 class Method:
     """start(state, path) -> a future when the write goes on in the background, else None."""
 
-    def __init__(self, name: str, chunk: int, buffers: int, remote: str = "") -> None:
+    def __init__(
+        self, name: str, chunk: int, buffers: int, remote: str = "", drain_bandwidth: float | None = None
+    ) -> None:
         self.name, self.chunk, self.buffers = name, chunk, buffers
+        self.drain_bandwidth = drain_bandwidth
         self.thread: Any = None
         self.writer: Any = None
         self.stager: Any = None
@@ -222,7 +225,13 @@ class Method:
             if self.mgr is None:
                 local = path.parent / "local"
                 local.mkdir(exist_ok=True)
-                self.mgr = CheckpointManager(self.remote, local=local, checkpointer=ckpt, keep_last=2)
+                self.mgr = CheckpointManager(
+                    self.remote,
+                    local=local,
+                    checkpointer=ckpt,
+                    keep_last=2,
+                    drain_bandwidth=self.drain_bandwidth,
+                )
             await self.mgr.maybe_save(step, state)
 
         self.thread.run(save)
@@ -432,7 +441,7 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
     else:  # a directory beside the local tier
         (root / "remote").mkdir()
         remote = str(root / "remote")
-    method = Method(name, args.chunk_size, args.num_buffers, remote)
+    method = Method(name, args.chunk_size, args.num_buffers, remote, args.drain_bandwidth)
     steps: list[tuple[float, bool]] = []  # (seconds, a background write was in flight)
     blocked: list[float] = []
     write_s: list[float] = []
@@ -713,6 +722,13 @@ def main() -> None:
         help="save_state_tiered: the remote tier, an embedded S3 server on the loopback (moto) or a "
         "directory beside the local tier (files)",
     )
+    p.add_argument(
+        "--drain-bandwidth",
+        type=parse_size,
+        default=None,
+        help="save_state_tiered: the manager's drain_bandwidth, bytes per second (for example "
+        "100MB: a drain spread over the steps between checkpoints takes less of each; default uncapped)",
+    )
     p.add_argument("--tiered-remote", help=argparse.SUPPRESS)  # set by the parent for its children
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -755,13 +771,30 @@ def main() -> None:
     }
     for key in ("blocked_s", "blocked_steady_s", "write_s"):  # process mode, side by side
         extra[f"process_{key}_ratio"] = paired(rows, "asyncckpt_dcp_process", "dcp_async_process", key)
+    extra["slowdown_ci95"] = slowdown_ci(rows)
     emit("training", summary, headers, extra)
+    for method, got in extra["slowdown_ci95"].items():
+        print(f"{method} slowdown: median {got['median']:+.3f} 95% CI [{got['ci95'][0]:+.3f}, "
+              f"{got['ci95'][1]:+.3f}] over {len(got['per_repeat'])} repeats", file=sys.stderr)  # fmt: skip
     for key in ("blocked_s", "blocked_steady_s", "write_s"):
         if extra[f"process_{key}_ratio"]:
             r = extra[f"process_{key}_ratio"]
             print(f"asyncckpt_dcp_process / dcp_async_process {key}: median {r['median']:.3f} "
                   f"95% CI [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] over {len(r['ratios'])} repeats",
                   file=sys.stderr)  # fmt: skip
+
+
+def slowdown_ci(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per method, its step slowdown over the repeats: median and 95 % bootstrap interval."""
+    per: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("slowdown") is not None:
+            per.setdefault(r["method"], []).append(r["slowdown"])
+    return {
+        m: {"median": median(v), "ci95": list(bootstrap_ci(v)), "per_repeat": v}
+        for m, v in per.items()
+        if len(v) >= 2
+    }
 
 
 def paired(rows: list[dict[str, Any]], a: str, b: str, key: str) -> dict[str, Any] | None:
