@@ -6,12 +6,13 @@ budget shared by every sink, source and verifier of a checkpointer, with no pool
 join. :func:`run_blocking` adds the one thing anyio leaves out: ``abandon_on_cancel=False``
 shields only against anyio cancel scopes, and a native asyncio cancellation (``task.cancel()``,
 ``asyncio.timeout``, a ``TaskGroup`` failing) would still return while the thread runs on.
+:func:`read_full` is the one "read until the view is full" loop every load path shares.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import TypeVar
 
@@ -60,6 +61,25 @@ async def run_blocking(executor: Executor, fn: Callable[..., T], *args: object) 
         if not future.cancelled():
             future.exception()  # retrieved so it is not logged as never-retrieved
         raise
+
+
+async def read_full(
+    read_into: Callable[[int, memoryview], Awaitable[int]], offset: int, view: memoryview
+) -> int:
+    """Fill ``view`` from ``offset`` by calling ``read_into(offset, view)`` (``Sink.read_into``
+    or one shaped like it) until it is full; return the bytes read, fewer if the object ended.
+
+    Stores return short reads (a file near its end, an HTTP body in pieces), so one call is not
+    enough; a return of 0 (or less) means the object ended there. A short count is the caller's
+    to judge: each raises its own error, or takes what there was.
+    """
+    got = 0
+    while got < len(view):
+        n = await read_into(offset + got, view[got:])
+        if n <= 0:
+            break
+        got += n
+    return got
 
 
 class LoopLocks:

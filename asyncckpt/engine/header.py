@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..blocking import run_blocking
+from ..blocking import read_full, run_blocking
 from ..config import ALIGN
 from ..errors import ChecksumMismatchError, StateFormatError
 from ..sinks.base import Sink
@@ -30,12 +30,9 @@ FIRST_READ = 64 << 10  # the header of most states fits: one request instead of 
 
 
 async def read_exact(sink: Sink, offset: int, view: memoryview, uri: str) -> None:
-    got = 0
-    while got < len(view):
-        n = await sink.read_into(offset + got, view[got:])
-        if n <= 0:
-            raise StateFormatError(f"{uri!r} ended at offset {offset + got} while reading its header")
-        got += n
+    got = await read_full(sink.read_into, offset, view)
+    if got < len(view):
+        raise StateFormatError(f"{uri!r} ended at offset {offset + got} while reading its header")
 
 
 async def read_prefix(sink: Sink, size: int, uri: str) -> tuple[bytearray, Header]:

@@ -17,7 +17,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..blocking import run_blocking
+from ..blocking import read_full, run_blocking
 from ..errors import ChecksumMismatchError, ConfigError, ManifestError, TargetNotFoundError, TruncatedError
 from ..modes import VerifyMode
 from ..pool import BufferPool, PoolBuffer, close_mapping
@@ -182,16 +182,13 @@ class OrderedReader:
     async def _read(self, buf: PoolBuffer, rec: ReadRecord) -> None:
         try:
             rec.t_read_start = now()
-            got = 0
-            while got < rec.nbytes:  # a short read is retried; zero bytes means the object shrank
-                n = await self.sink.read_into(rec.offset + got, buf.view[got : rec.nbytes])
-                if n <= 0:
-                    raise TruncatedError(
-                        f"checkpoint {self.uri!r} ended at offset {rec.offset + got} while reading "
-                        f"(expected {self.size} bytes): it was truncated during the load",
-                        offset=rec.offset + got,
-                    )
-                got += n
+            got = await read_full(self.sink.read_into, rec.offset, buf.view[: rec.nbytes])
+            if got < rec.nbytes:  # zero bytes before the end: the object shrank
+                raise TruncatedError(
+                    f"checkpoint {self.uri!r} ended at offset {rec.offset + got} while reading "
+                    f"(expected {self.size} bytes): it was truncated during the load",
+                    offset=rec.offset + got,
+                )
             rec.t_read_end = now()
             rec.read_s = rec.t_read_end - rec.t_read_start
         finally:
@@ -245,12 +242,8 @@ async def pinpoint(
     view = memoryview(scratch)
     regen = RegenerateVerifier(manifest, threads=threads)
     try:
-        got = 0
-        while got < length:
-            n = await sink.read_into(start + got, view[got:length])
-            if n <= 0:
-                return bad
-            got += n
+        if await read_full(sink.read_into, start, view) < length:
+            return bad
         regen.position = start
         found, _ = await run_blocking(executor, regen.check_sync, start, view[:length])
         return found if found is not None else bad

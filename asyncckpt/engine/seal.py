@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import modes
+from ..blocking import read_full
 from ..errors import ManifestError
 from ..results.metrics import ChunkRecord
 from ..sinks.base import Sink
@@ -162,13 +163,7 @@ async def read_tail(sink: Sink, object_size: int, want: int) -> bytes:
     boundary on (so a load that evicts what it read leaves no partial page cached)."""
     n = tail_read_size(object_size, want)
     raw = bytearray(n)
-    view = memoryview(raw)
-    got = 0
-    while got < n:
-        k = await sink.read_into(object_size - n + got, view[got:])
-        if k <= 0:
-            break
-        got += k
+    got = await read_full(sink.read_into, object_size - n, memoryview(raw))
     return bytes(raw[:got])
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 
+from ..blocking import read_full
 from ..errors import IntegrityError
 from .base import Sink
 from .commit import commit
@@ -39,13 +40,7 @@ async def put_bytes(sink: Sink, data: bytes) -> dict[str, object]:
 async def read_upto(sink: Sink, size: int) -> bytes:
     """The first ``size`` bytes of the object; fewer if it ends sooner (callers check)."""
     buf = bytearray(size)
-    view = memoryview(buf)
-    got = 0
-    while got < size:
-        n = await sink.read_into(got, view[got:])
-        if n <= 0:
-            break
-        got += n
+    got = await read_full(sink.read_into, 0, memoryview(buf))
     return bytes(buf[:got])
 
 

@@ -18,6 +18,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+from ..blocking import read_full
 from ..errors import IntegrityError
 from .base import Source
 
@@ -49,14 +50,11 @@ class ReaderSource(Source):
         if self._t0 is None:
             self._t0 = start
         want = min(len(buf), self.total_size - self.position)
-        got = 0
-        while got < want:
-            n = await self._spec.read_into(self.position + got, buf[got:want])
-            if n <= 0:
-                raise IntegrityError(
-                    f"{self._spec.name!r} ended at offset {self.position + got} of {self.total_size}"
-                )
-            got += n
+        got = await read_full(self._spec.read_into, self.position, buf[:want])
+        if got < want:
+            raise IntegrityError(
+                f"{self._spec.name!r} ended at offset {self.position + got} of {self.total_size}"
+            )
         self.position += got
         seconds = time.perf_counter() - start
         cap = self._spec.bandwidth
