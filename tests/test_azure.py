@@ -29,6 +29,7 @@ from asyncckpt import (
     CheckpointManager,
     ChecksumMismatchError,
     ConfigError,
+    IntegrityError,
     MiB,
     StallError,
     StorageError,
@@ -106,6 +107,28 @@ async def test_a_flipped_byte_is_refused_on_load(
         with pytest.raises(ChecksumMismatchError) as info:
             await ckpt.load(uri)
     assert "flip.bin" in str(info.value) and "chunk 1 of 2" in str(info.value)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_blob_replaced_while_it_is_read_is_named_not_corrupt(
+    azurite_endpoint: AzureEndpoint, az_container: str, backend: str
+) -> None:
+    """Another client puts the blob again (one byte changed, far ahead) between two ranged reads
+    of a load: the load says the blob was replaced, by ``If-Match`` or by comparing the ETag
+    once the checksum failed; before, it called the checkpoint corrupt."""
+    ep, uri = azurite_endpoint, f"az://{az_container}/moving.bin"
+    replaced: list[int] = []
+    async with checkpointer(ep, backend) as ckpt:
+        await ckpt.save(uri, 6 * PART)
+        stream = ckpt.iter_load(uri, num_readers=1)  # four buffers: chunk 4 waits for the first
+        with pytest.raises(IntegrityError, match="replaced while it was being read") as info:
+            async with stream:
+                async for _ in stream:
+                    if not replaced:
+                        await asyncio.to_thread(corrupt, ep, az_container, "moving.bin", 5 * PART + 17)
+                        replaced.append(stream.offset)
+    assert replaced == [0]
+    assert not isinstance(info.value, ChecksumMismatchError) and "moving.bin" in str(info.value)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..blocking import read_full, run_blocking
-from ..errors import ChecksumMismatchError, ConfigError, ManifestError, TargetNotFoundError, TruncatedError
+from ..errors import (
+    ChecksumMismatchError,
+    ConfigError,
+    ManifestError,
+    StallError,
+    StorageError,
+    TargetNotFoundError,
+    TruncatedError,
+)
 from ..modes import VerifyMode
 from ..pool import BufferPool, PoolBuffer, close_mapping
 from ..results.metrics import CONSUMER, IO, ReadRecord, notify_progress
@@ -333,6 +341,8 @@ async def stream_views(
                 )
             if bad is not None:
                 assert verifier is not None
+                with contextlib.suppress(StorageError, StallError):  # cannot ask: the mismatch stands
+                    await sink.check_unchanged()  # replaced by another save meanwhile: not corrupt
                 bad = await pinpoint(bad, manifest, sink, executor, threads=threads)
                 raise mismatch_error(bad, manifest, uri, verifier.mode, state.identity_note)
             yield view

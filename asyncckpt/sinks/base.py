@@ -192,6 +192,12 @@ class Sink(ABC):
     async def size(self) -> int:
         """Size of the published object (raises TargetNotFoundError if absent)."""
 
+    async def check_unchanged(self) -> None:  # noqa: B027 - optional hook
+        """IntegrityError if the object is no longer the version this load began with. Asked
+        after a checksum mismatch, so that an object another save replaced mid-load is named
+        as such, not as corrupt. A file load reads through the descriptor it opened: nothing
+        to ask."""
+
     @abstractmethod
     async def delete(self) -> None:
         """Remove the published object (no error if absent)."""

@@ -269,6 +269,9 @@ class WatchedSink(Sink):
         await self.inner.start()
         return await self.watchdog.run("stat", self.inner.size)
 
+    async def check_unchanged(self) -> None:
+        await self.watchdog.run("stat again", self.inner.check_unchanged)
+
     async def delete(self) -> None:
         await self.inner.start()
         await self.watchdog.run("delete", self.inner.delete)

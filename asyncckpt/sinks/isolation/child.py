@@ -258,6 +258,9 @@ class _Server:
     async def do_size(self, hid: int) -> int:
         return await self.sink(hid).size()
 
+    async def do_check_unchanged(self, hid: int) -> None:
+        await self.sink(hid).check_unchanged()
+
     async def do_delete(self, hid: int) -> None:
         await self.sink(hid).delete()
 

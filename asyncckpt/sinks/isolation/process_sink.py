@@ -507,6 +507,9 @@ class ProcessSink(Sink):
         self._facts = await self._call("describe")  # what the HEAD learnt (ETag) for the load
         return size
 
+    async def check_unchanged(self) -> None:
+        await self._call("check_unchanged")
+
     async def cpu_counters(self) -> CpuCounters:
         """The writer process's CPU so far and its storage calls' (the child measures both)."""
         await self.start()  # started before its CPU is first read: start-up is not the save's

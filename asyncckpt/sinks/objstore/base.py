@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from ...blocking import run_blocking
-from ...errors import ConfigError, StorageError
+from ...errors import AsyncCkptError, ConfigError, IntegrityError, StorageError
 from ...results.metrics import percentiles
 from ..base import Sink
 from .errors import ErrorFields, ErrorVocabulary, classify
@@ -33,6 +33,10 @@ T = TypeVar("T")
 
 #: a name under a root, to check the root as objects under it will be
 ROOT_PROBE = "step-0"
+
+
+#: error codes of a refused ``If-Match`` (S3's, Azure's), beside the status 412
+PRECONDITION_CODES = ("PreconditionFailed", "ConditionNotMet")
 
 
 class StoreSettings(Protocol):
@@ -119,6 +123,10 @@ class ObjectStoreSink(Sink, Generic[S]):
         self._first_failure: StorageError | None = None  # of the upload in progress
         self._small: bytes | None = None  # an object below one part, PUT at complete
 
+    #: whether ``_get`` sends ``If-Match: read_pin()``: the store then refuses a read of an
+    #: object another save replaced during the load, instead of serving the new bytes
+    pins_version: ClassVar[bool] = False
+
     @property
     def object_uri(self) -> str:
         return f"{self.scheme}://{self.bucket}/{self.key}"
@@ -146,6 +154,8 @@ class ObjectStoreSink(Sink, Generic[S]):
             return await fn(*args)
         except StorageError as exc:
             raise self.first_cause(exc) from None
+        except AsyncCkptError:
+            raise  # already ours (an object replaced under a load)
         except Exception as exc:
             if self.error_fields(exc) is None:
                 raise
@@ -207,7 +217,38 @@ class ObjectStoreSink(Sink, Generic[S]):
     async def read_into(self, offset: int, buf: memoryview) -> int:
         if not len(buf) or offset >= await self.known_size():  # stores answer 416 past the end
             return 0
-        return await self.guarded(f"read bytes {offset}-{offset + len(buf) - 1} of", self._get, offset, buf)
+        action = f"read bytes {offset}-{offset + len(buf) - 1} of"
+        return await self.guarded(action, self._pinned_get, offset, buf)
+
+    def read_pin(self) -> str | None:
+        """The ETag, quoted, that a load's ranged reads ask the store to match (``If-Match``):
+        the version its stat saw. None when no ETag is known."""
+        return None if self.etag is None else '"' + self.etag.strip('"') + '"'
+
+    async def _pinned_get(self, offset: int, buf: memoryview) -> int:
+        try:
+            return await self._get(offset, buf)
+        except Exception as exc:
+            fields = self.error_fields(exc) if self.pins_version else None
+            if fields is not None and (fields.status == 412 or fields.code in PRECONDITION_CODES):
+                raise self.replaced_error() from None
+            raise
+
+    def replaced_error(self) -> IntegrityError:
+        return IntegrityError(
+            f"{self.uri!r} was replaced while it was being read: the version the load began with "
+            f"(ETag {self.etag}) is no longer the object's (another save wrote the same key); "
+            "load it again"
+        )
+
+    async def check_unchanged(self) -> None:
+        """IntegrityError if the object is not the version this load's stat saw (asked after a
+        checksum mismatch, so that a replaced object is not reported as corrupt)."""
+        if self.etag is None:
+            return
+        _, etag = await self.guarded("stat", self._head)
+        if etag is not None and etag.strip('"') != self.etag.strip('"'):
+            raise self.replaced_error()
 
     async def size(self) -> int:
         size, self.etag = await self.guarded("stat", self._head)  # a load compares the ETag

@@ -132,6 +132,7 @@ class AiobotocoreSink(MultipartSink):
     """``s3://bucket/key`` through aiobotocore: the S3 calls, retried and routed here."""
 
     backend = "aiobotocore"
+    pins_version = True
     default_in_flight = 4
     per_request_endpoints = True
 
@@ -297,7 +298,9 @@ class AiobotocoreSink(MultipartSink):
 
     async def _get_from(self, url: str | None, offset: int, buf: memoryview) -> int:
         """One range GET into ``buf`` (repeatable: a retry elsewhere overwrites from the start)."""
-        response = await self._raw(url, "get_object", Range=f"bytes={offset}-{offset + len(buf) - 1}")
+        pin = self.read_pin()
+        ranged = {"Range": f"bytes={offset}-{offset + len(buf) - 1}"} | ({"IfMatch": pin} if pin else {})
+        response = await self._raw(url, "get_object", **ranged)
         n = 0
         async with response["Body"] as body:
             async for piece in body.iter_chunks(1 << 20):

@@ -52,6 +52,7 @@ class MinioSink(MultipartSink):
     """``s3://bucket/key`` through minio-py: each blocking call in a worker thread."""
 
     backend = "minio"
+    pins_version = True
     default_in_flight = 4
 
     @classmethod
@@ -134,7 +135,9 @@ class MinioSink(MultipartSink):
         return result.etag  # type: ignore[no-any-return]
 
     def _read_sync(self, client: Minio, offset: int, buf: memoryview) -> int:
-        response = client.get_object(self.bucket, self.key, offset, len(buf))
+        pin = self.read_pin()
+        headers: dict[str, str | list[str] | tuple[str]] | None = {"If-Match": pin} if pin else None
+        response = client.get_object(self.bucket, self.key, offset, len(buf), request_headers=headers)
         try:
             n = 0
             for piece in response.stream(1 << 20):
