@@ -332,25 +332,33 @@ def test_a_view_that_fails_its_checksum_is_not_delivered() -> None:
     assert check_whole_then_deliver(None, keep, 8, x)[0] is None and got == [(7, False), (8, True)]
 
 
-def test_reads_of_whole_blocks_are_checked_on_their_own_and_others_are_not_taken_for_them() -> None:
+def blocks_and_manifest(block: int, size: int) -> tuple[bytearray, Any]:
+    """Random bytes and a manifest of their CRC32C per ``block`` (and the whole object's)."""
     import os
 
-    from asyncckpt.checksum import crc
+    from asyncckpt.checksum import combine_all, crc
     from asyncckpt.engine.manifest import Manifest
-    from asyncckpt.engine.verify import BlockVerifier, Mismatch
 
-    block, size = 4096, 4096 * 5 + 100  # the last block is short
     data = bytearray(os.urandom(size))
     crcs = tuple(crc(bytes(data[i : i + block])) for i in range(0, size, block))
-    m = Manifest(
+    whole = combine_all((c, min(block, size - i * block)) for i, c in enumerate(crcs))
+    manifest = Manifest(
         object="o",
         size=size,
         chunk_size=block,
         generator="caller",
         seed=None,
         chunk_crc32c=crcs,
-        object_crc32c=None,
+        object_crc32c=whole,
     )
+    return data, manifest
+
+
+def test_reads_of_whole_blocks_are_checked_on_their_own_and_others_are_not_taken_for_them() -> None:
+    from asyncckpt.engine.verify import BlockVerifier, Mismatch
+
+    block, size = 4096, 4096 * 5 + 100  # the last block is short
+    data, m = blocks_and_manifest(block, size)
     v = BlockVerifier(m)
     assert v.whole_reads([(0, size)], 2 * block)
     assert v.whole_reads([(block, 2 * block), (4 * block, size - 4 * block)], block)
@@ -370,25 +378,11 @@ def test_in_order_checks_of_several_blocks_per_read_name_the_bad_block() -> None
     """Whole blocks in a read are checked with one CRC against the manifest's combined; the
     reads below also start and end inside blocks, and a flipped byte is still named by block."""
     import itertools
-    import os
 
-    from asyncckpt.checksum import combine_all, crc
-    from asyncckpt.engine.manifest import Manifest
     from asyncckpt.engine.verify import BlockVerifier, ChecksumVerifier, Mismatch, runs
 
     block, size = 4096, 4096 * 9 + 100  # the last block is short
-    data = bytearray(os.urandom(size))
-    crcs = tuple(crc(bytes(data[i : i + block])) for i in range(0, size, block))
-    whole = combine_all((c, min(block, size - i * block)) for i, c in enumerate(crcs))
-    m = Manifest(
-        object="o",
-        size=size,
-        chunk_size=block,
-        generator="caller",
-        seed=None,
-        chunk_crc32c=crcs,
-        object_crc32c=whole,
-    )
+    data, m = blocks_and_manifest(block, size)
     # whole blocks merged into one run, parts of blocks alone
     assert list(runs(m, 100, 3 * block)) == [
         (0, 100, 0, block - 100, 0),
