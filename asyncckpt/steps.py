@@ -446,8 +446,27 @@ async def start_step(
     """
     step = check_step(step)
     base = step_uri(check_root(root, ckpt.storage), step)
+    agreed: list[list[bool]] = []  # several ranks: each one's "laid out" before any I/O
+
+    async def agree(ok: bool) -> list[bool]:
+        """The one all-gather before any rank touches the step: a state one rank refuses then
+        leaves the step, and an earlier save of its number, as they were on every rank.
+        After the previous step's collectives, so that every rank pairs the same ones."""
+        if after is not None:
+            await asyncio.wait([after])
+        agreed.append([])  # tried: a failure of the gather itself is not answered by another
+        agreed[0] = await coll.all_gather_object(ok)
+        return agreed[0]
 
     async def ready() -> None:  # the state is laid out: a bad one was refused before any I/O
+        if coll.world_size > 1:
+            refused = [rank for rank, ok in enumerate(await agree(True)) if not ok]
+            if refused:
+                raise StepNotCommittedError(
+                    f"step {step} under {base!r} not committed: rank(s) {refused} failed to save "
+                    "(their state was refused before any I/O); nothing was written, and an earlier "
+                    f"save of step {step} is untouched"
+                )
         await make_directory(ckpt, base)
         await withdraw_commit(ckpt, base)
         if coll.is_coordinator:
@@ -463,6 +482,11 @@ async def start_step(
         )  # fmt: skip
     except Exception as exc:
         if coll.world_size == 1:
+            raise
+        if not agreed:  # refused before the agreement: the peers wait for this rank in it
+            await agree(False)
+            raise
+        if not all(agreed[0]):  # the step was refused before any I/O: no commit to agree on
             raise
         saving = exc  # the peers still learn it in the all-gather, instead of waiting forever
     facts = None if metadata is None else dict(metadata)

@@ -4,7 +4,8 @@
 ``crash``: commit step 1, then in step 2 rank 1 SIGKILLs itself once its object is durable,
 before the ranks agree the step is complete; rank 0 waits in the all-gather until the
 launcher tears the job down. Step 2 must stay uncommitted. ``fail``: rank 1's state of step 2
-cannot be saved; each rank writes the error it got to ``ROOT/error-<r>.txt``. ``commitfail``:
+cannot be saved; each rank writes the error it got to ``ROOT/error-<r>.txt``. ``failsame``: the
+same, saving step 1 again; then each rank loads step 1 (``ROOT/loaded-<r>.json``). ``commitfail``:
 every object of step 2 is saved but rank 0 cannot write its index (a directory holds the
 name); each rank writes the error it got to ``ROOT/error-<r>.txt``.
 ``policies``: a manager with ``every_seconds`` is refused on each rank (``ROOT/error-<r>.txt``);
@@ -68,6 +69,16 @@ async def main(root: Path, mode: str) -> None:
                 await save_step(ckpt, root, 2, bad, coll=coll)
             except Exception as exc:
                 (root / f"error-{coll.rank}.txt").write_text(f"{type(exc).__name__}: {exc}")
+            return
+        if mode == "failsame":  # step 1 saved again, rank 1's state refused: step 1 stays committed
+            bad = {"z": np.zeros(3, np.complex128)} if coll.rank == 1 else state_of(0, 1)
+            try:
+                await save_step(ckpt, root, 1, bad, coll=coll)
+            except Exception as exc:
+                (root / f"error-{coll.rank}.txt").write_text(f"{type(exc).__name__}: {exc}")
+            loaded = await ckpt.load_step(root, 1)
+            ok = bool(np.array_equal(loaded.state["w"], state_of(coll.rank, 1)["w"]))
+            (root / f"loaded-{coll.rank}.json").write_text(json.dumps({"step": loaded.step, "equal": ok}))
             return
         if mode == "commitfail":  # rank 0 cannot publish the index: no rank may wait for it
             if coll.rank == 0:

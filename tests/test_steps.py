@@ -240,6 +240,25 @@ async def test_a_rank_whose_save_fails_fails_the_step_on_every_rank(tmp_path: Pa
 
 
 @pytest.mark.mpi
+async def test_a_rank_refusing_its_state_leaves_a_committed_step_of_that_number_committed(
+    tmp_path: Path,
+) -> None:
+    """Step 1 saved again by two ranks, rank 1's state refused before any I/O. Before, rank 0
+    had already withdrawn step 1's commit record and written its object: step 1 was lost on
+    every rank. Now the ranks agree that every state was laid out before any of them touches
+    the step."""
+    proc = await asyncio.to_thread(mpirun, "tests.steps_child", str(tmp_path), "failsame")
+    assert proc.returncode == 0, proc.stderr  # nobody hung in the agreement
+    assert (tmp_path / "error-1.txt").read_text().startswith("ConfigError")
+    told = (tmp_path / "error-0.txt").read_text()
+    assert told.startswith("StepNotCommittedError: step 1 under") and "rank(s) [1] failed to save" in told
+    assert "before any I/O" in told
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"loaded-{rank}.json").read_text()) == {"step": 1, "equal": True}
+    assert (tmp_path / "step-1" / COMMIT).exists()
+
+
+@pytest.mark.mpi
 async def test_rank_0_failing_to_commit_fails_the_step_on_every_rank(tmp_path: Path) -> None:
     """Every object durable, then rank 0 cannot write the step's index: the other rank hears
     of it and raises, rather than wait for a commit record that will not come."""
