@@ -173,6 +173,7 @@ class Tiers:
         self._last: asyncio.Task[None] | None = None  # the newest drain: each waits for the one before
         self._running: set[asyncio.Task[None]] = set()
         self._committing: set[asyncio.Task[None]] = set()  # rank 0's remote commits
+        self._pruning: asyncio.Lock | None = None  # one local prune at a time (made in the loop)
         #: the newest remote commit: each waits for the one before, so commits land in step
         #: order (a retried step's commit may take longer than the next step's drain, and
         #: retention judges the steps committed so far)
@@ -452,6 +453,9 @@ class Tiers:
         finally:
             self._settle(step)
         await self._prune_remote(step)
+        # a local step kept beyond keep_local because its drain was still running can go now,
+        # not at the next local commit (this node's local rank 0 is rank 0 here)
+        await self._prune_local()
 
     async def _commit_when_complete(self, step: int, record: StepCommit | None) -> None:
         coll = self._coll
@@ -558,6 +562,12 @@ class Tiers:
         Each node's first local rank prunes its own local directory."""
         if local_rank() != 0:
             return
+        if self._pruning is None:
+            self._pruning = asyncio.Lock()
+        async with self._pruning:  # after a local commit and after a remote one, never at once
+            await self._prune_local_now()
+
+    async def _prune_local_now(self) -> None:
         committed = await self._local_committed()
         for old in committed[: -self.keep_local]:
             if not await self._remote_has(old):

@@ -221,6 +221,26 @@ async def test_a_full_local_disk_says_so_and_the_previous_step_restores(tmp_path
         assert np.array_equal(into["model"]["w"], state_of(1)["model"]["w"])
 
 
+async def test_a_local_step_kept_for_its_drain_goes_once_it_is_remote_committed(tmp_path: Path) -> None:
+    """keep_local=1, and step 2 commits locally while step 1's drain still runs (capped at
+    1 MB/s for 1.2 MB), so step 1 is kept. Before, it stayed on the local disk until step 3's
+    local commit: two local steps where one was asked for. Now the remote commit prunes too."""
+    local, remote = tiers_of(tmp_path)
+    async with CheckpointManager(remote, local=local, keep_local=1, drain_bandwidth=1e6, **OPTIONS) as mgr:
+        for step in (1, 2):
+            await mgr.maybe_save(step, state_of(step))
+        await mgr.wait()
+        tiers = mgr.stats.tiers
+        assert tiers is not None
+        first, second = tiers.steps[1], tiers.steps[2]
+        assert first.started_at and first.remote_commit_s and second.started_at and second.local_commit_s
+        # the case under test: step 2 committed locally before step 1 was remote-committed
+        assert second.started_at + second.local_commit_s < first.started_at + first.remote_commit_s
+        assert (1, "not remote-committed yet: kept beyond keep_local") in tiers.kept_local
+        assert committed(local) == [2] and tiers.local_deleted == [1]
+    assert committed(remote) == [1, 2]
+
+
 async def test_steps_lists_both_tiers_or_the_one_asked_for(tmp_path: Path) -> None:
     """With local=, mgr.steps() listed the local tier only: steps 1 and 2, drained and pruned
     locally (keep_local=1), were missing though the remote holds them."""
