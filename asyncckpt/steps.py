@@ -446,21 +446,23 @@ async def start_step(
     """
     step = check_step(step)
     base = step_uri(check_root(root, ckpt.storage), step)
-    agreed: list[list[bool]] = []  # several ranks: each one's "laid out" before any I/O
+    asked = False  # several ranks: the agreement was tried (a failed gather is not asked again)
+    laid_out: list[bool] = []  # its answer: each rank's state laid out, before any I/O
 
-    async def agree(ok: bool) -> list[bool]:
+    async def agree(ok: bool) -> None:
         """The one all-gather before any rank touches the step: a state one rank refuses then
         leaves the step, and an earlier save of its number, as they were on every rank.
         After the previous step's collectives, so that every rank pairs the same ones."""
+        nonlocal asked, laid_out
         if after is not None:
             await asyncio.wait([after])
-        agreed.append([])  # tried: a failure of the gather itself is not answered by another
-        agreed[0] = await coll.all_gather_object(ok)
-        return agreed[0]
+        asked = True
+        laid_out = await coll.all_gather_object(ok)
 
     async def ready() -> None:  # the state is laid out: a bad one was refused before any I/O
         if coll.world_size > 1:
-            refused = [rank for rank, ok in enumerate(await agree(True)) if not ok]
+            await agree(True)
+            refused = [rank for rank, ok in enumerate(laid_out) if not ok]
             if refused:
                 raise StepNotCommittedError(
                     f"step {step} under {base!r} not committed: rank(s) {refused} failed to save "
@@ -483,10 +485,10 @@ async def start_step(
     except Exception as exc:
         if coll.world_size == 1:
             raise
-        if not agreed:  # refused before the agreement: the peers wait for this rank in it
+        if not asked:  # refused before the agreement: the peers wait for this rank in it
             await agree(False)
             raise
-        if not all(agreed[0]):  # the step was refused before any I/O: no commit to agree on
+        if not all(laid_out):  # the step was refused before any I/O: no commit to agree on
             raise
         saving = exc  # the peers still learn it in the all-gather, instead of waiting forever
     facts = None if metadata is None else dict(metadata)

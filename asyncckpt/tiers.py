@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from . import steps
+from .blocking import LoopLocks
 from .checkpointer import AsyncCheckpointer
 from .drain import Drained, DrainHost, check_bandwidth, drain_object
 from .engine.monitor import now
@@ -173,7 +174,7 @@ class Tiers:
         self._last: asyncio.Task[None] | None = None  # the newest drain: each waits for the one before
         self._running: set[asyncio.Task[None]] = set()
         self._committing: set[asyncio.Task[None]] = set()  # rank 0's remote commits
-        self._pruning: asyncio.Lock | None = None  # one local prune at a time (made in the loop)
+        self._pruning = LoopLocks()  # one local prune at a time
         #: the newest remote commit: each waits for the one before, so commits land in step
         #: order (a retried step's commit may take longer than the next step's drain, and
         #: retention judges the steps committed so far)
@@ -562,9 +563,7 @@ class Tiers:
         Each node's first local rank prunes its own local directory."""
         if local_rank() != 0:
             return
-        if self._pruning is None:
-            self._pruning = asyncio.Lock()
-        async with self._pruning:  # after a local commit and after a remote one, never at once
+        async with self._pruning.current():  # after a local commit and after a remote one, never at once
             await self._prune_local_now()
 
     async def _prune_local_now(self) -> None:
