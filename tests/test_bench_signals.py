@@ -51,9 +51,11 @@ def start(args: list[str], tmp: Path) -> subprocess.Popen[str]:
 
 
 def wait_until_writing(proc: subprocess.Popen[str], tmp: Path, deadline_s: float = 60) -> None:
-    """Poll until the run has a file of its own under ``tmp`` (it is writing checkpoints)."""
+    """Poll until the run has a file in a folder of its own under ``tmp`` (it is writing
+    checkpoints). A file directly in ``tmp`` is not the run's: Python's ``tempfile`` creates and
+    unlinks one there to find a writable temporary directory, before the run's folder exists."""
     end = time.monotonic() + deadline_s
-    while not files_under(tmp):
+    while not [f for f in files_under(tmp) if Path(f).parent != tmp]:
         assert proc.poll() is None, f"the run ended before writing: rc {proc.returncode}"
         assert time.monotonic() < end, "no file written in time"
         time.sleep(0.02)  # polling interval, not synchronisation: the condition is the file
