@@ -8,6 +8,13 @@ A torch MLP trained with Adam (model + optimizer state ≈ ``--state-size``) che
   the call until it returned, plus any wait for the previous write before the next one);
 - ``slowdown``: median step time while a checkpoint was being written in the background, over
   the median step time with none in flight, minus 1 (blocking methods write no step meanwhile);
+- ``slowdown_vs_sham`` (``--sham``): every checkpoint is followed, ``--every`` steps later, by a
+  sham one that does all the same (the paired memcpy, the state dict, the reference output)
+  but save; the steps a real checkpoint's write overlapped, over the steps at the same offsets
+  after the sham one that follows it, minus 1. The plain ``slowdown`` compares a checkpoint's
+  early steps with its late ones, and on this VM a step's time also depends on where it falls
+  in the interval (with one training thread, steps beside a capped drain ran 1-20 % *faster*
+  than the later, quiet ones), which the sham interval cancels;
 - ``GB/s``: state bytes / (checkpoint start → durable) — fsync'd files for every method;
 - ``peak over training``: peak RSS (VmHWM) at the end minus the peak before the first checkpoint;
   ``over control``: that minus the same figure of ``no_checkpoint`` (the same loop saving
@@ -30,7 +37,7 @@ dependencies; docs/benchmarks.md says how); without them the row is skipped with
 ``DS_ACCELERATOR`` defaults to ``cpu`` for it.
 
     python benchmarks/bench_training.py [--state-size 256MiB] [--repeats 3] [--dir /var/tmp]
-        [--train-threads N] [--tiered-server files] [--drain-bandwidth 100MB]
+        [--train-threads N] [--tiered-server files] [--drain-bandwidth 100MB] [--sham]
 """
 
 from __future__ import annotations
@@ -443,6 +450,7 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
         remote = str(root / "remote")
     method = Method(name, args.chunk_size, args.num_buffers, remote, args.drain_bandwidth)
     steps: list[tuple[float, bool]] = []  # (seconds, a background write was in flight)
+    moments: list[tuple[int, bool]] = []  # (index into steps, real) of each checkpoint moment
     blocked: list[float] = []
     write_s: list[float] = []
     pending: Future[Any] | None = None
@@ -478,6 +486,13 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
     def checkpoint_at(step: int) -> bool:
         return bool(step >= args.warmup - 1 and (step - args.warmup + 1) % args.every == 0)
 
+    def real_at(step: int) -> bool:  # --sham: every other moment saves nothing
+        return not args.sham or (step - args.warmup + 1) // args.every % 2 == 0
+
+    moments_in_run = 2 * args.checkpoints if args.sham else args.checkpoints
+    # with --sham, the last sham interval is whole too: every step up to the moment after it
+    total = args.warmup + (moments_in_run - 1) * args.every + (args.every - 1 if args.sham else 0)
+
     waited = 0.0  # the wait for the previous write, counted in the next checkpoint's blocked time
 
     def drain() -> None:
@@ -489,7 +504,7 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
         waited += time.perf_counter() - t0
 
     try:
-        for step in range(args.warmup + (args.checkpoints - 1) * args.every):
+        for step in range(total):
             step_once(step)
             if copier is None:  # after the first step (Adam's state exists), before the steps
                 # whose peak the mark below takes: its memory counts as the training's own
@@ -499,7 +514,9 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
                 # copy it follows a training step, with nothing in flight (run back to back, the
                 # second of two 1 GiB copies was the slower on this VM: 1.17 vs 1.08 x)
                 drain()
-                memcpy_s.append(copier.run({"model": model.state_dict(), "optim": opt.state_dict()}))
+                copied = copier.run({"model": model.state_dict(), "optim": opt.state_dict()})
+                if real_at(step + 1) and step + 1 < total:  # a sham copies too, unpaired
+                    memcpy_s.append(copied)
                 if not train_peak:  # the training's own peak, before any checkpoint's memory
                     train_peak = status_bytes("VmHWM")
                     if args.reserve:
@@ -510,10 +527,14 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
             drain()
             state = {"model": model.state_dict(), "optim": opt.state_dict()}
             nbytes = state_bytes(state)
-            if len(memcpy_s) < len(blocked) + 1:  # checkpoints on consecutive steps (--every 1)
+            if real_at(step) and len(memcpy_s) < len(blocked) + 1:  # consecutive checkpoints (--every 1)
                 memcpy_s.append(copier.run(state))
             with torch.no_grad():
-                reference = model(probe_input)  # what the checkpoint about to be taken computes
+                output = model(probe_input)  # what the checkpoint about to be taken computes
+            moments.append((len(steps), real_at(step)))
+            if not real_at(step):  # a sham checkpoint: all of the above, then no save
+                continue
+            reference = output
             last = root / f"step-{step}{'.pt' if name in ('torch_save', FASTPERSIST) else ''}"
             durable.clear()
             started = time.perf_counter()
@@ -525,6 +546,7 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
                 write_s.append(returned - started)
             else:
                 pending.add_done_callback(finished)
+        moments.append((len(steps), True))  # where the last sham interval ends
         # the last write: train on while it runs (these steps count), then wait for it
         while pending is not None and not durable.is_set() and len(steps) < 10 * args.every + args.warmup:
             step_once(len(steps))
@@ -544,6 +566,7 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
     quiet = [s for s, busy in steps[args.warmup :] if not busy]
     busy = [s for s, b in steps[args.warmup :] if b]
+    beside, sham = versus_sham(steps, moments) if args.sham else ([], [])
     return {
         "method": name,
         "state_bytes": nbytes,
@@ -562,6 +585,8 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
         "step_s": median(quiet) if quiet else None,
         "step_s_writing": median(busy) if busy else None,
         "slowdown": (median(busy) / median(quiet) - 1) if busy and quiet else None,
+        "slowdown_vs_sham": (median(beside) / median(sham) - 1) if beside and sham else None,
+        "steps_vs_sham": len(beside),
         "steps_writing": len(busy),
         "train_peak_rss": train_peak,
         "peak_rss": peak,
@@ -569,6 +594,23 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
         "identical": identical,
         "checkpoints": len(blocked),
     }
+
+
+def versus_sham(
+    steps: list[tuple[float, bool]], moments: list[tuple[int, bool]]
+) -> tuple[list[float], list[float]]:
+    """The steps a real checkpoint's write overlapped, and the steps at the same offsets after
+    the sham moment that follows it (only where that sham interval is whole)."""
+    beside: list[float] = []
+    sham: list[float] = []
+    for (at, real), (then, fake), (end, _) in zip(moments, moments[1:], moments[2:], strict=False):
+        if not real or fake:
+            continue
+        for k in range(min(then - at, end - then)):
+            if steps[at + k][1]:  # a write in flight beside this step
+                beside.append(steps[at + k][0])
+                sham.append(steps[then + k][0])
+    return beside, sham
 
 
 def run_memcpy(args: argparse.Namespace) -> dict[str, Any]:
@@ -665,6 +707,7 @@ def summarize(rows: list[dict[str, Any]], memcpy_s: float, memcpy_best_s: float)
                 "GB/s": None if name == "no_checkpoint" else (med("throughput_bps") or 0) / 1e9,
                 "step_s": med("step_s"),
                 "slowdown": med("slowdown"),
+                "slowdown_vs_sham": med("slowdown_vs_sham"),
                 "peak_over_training_MiB": (med("peak_over_training") or 0) / 2**20,
                 "over_control_MiB": ((med("peak_over_training") or 0) - drift) / 2**20,
                 "identical": None if name == "no_checkpoint" else all(r["identical"] for r in mine),
@@ -729,6 +772,12 @@ def main() -> None:
         help="save_state_tiered: the manager's drain_bandwidth, bytes per second (for example "
         "100MB: a drain spread over the steps between checkpoints takes less of each; default uncapped)",
     )
+    p.add_argument(
+        "--sham",
+        action="store_true",
+        help="after each checkpoint, a sham one that does all but save: slowdown_vs_sham compares "
+        "the steps beside a write with the steps at the same offsets after the sham",
+    )
     p.add_argument("--tiered-remote", help=argparse.SUPPRESS)  # set by the parent for its children
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -757,7 +806,7 @@ def main() -> None:
     headers = [
         *("method", "blocked_s", "blocked_first_s", "reserve_s", "blocked_steady_s", "steady_vs_memcpy"),
         "steady_vs_child_memcpy",
-        *("GB/s", "step_s", "slowdown"),
+        *("GB/s", "step_s", "slowdown", "slowdown_vs_sham"),
         *("peak_over_training_MiB", "over_control_MiB", "identical", "repeats"),
     ]
     extra = {
@@ -772,10 +821,13 @@ def main() -> None:
     for key in ("blocked_s", "blocked_steady_s", "write_s"):  # process mode, side by side
         extra[f"process_{key}_ratio"] = paired(rows, "asyncckpt_dcp_process", "dcp_async_process", key)
     extra["slowdown_ci95"] = slowdown_ci(rows)
+    extra["slowdown_vs_sham_ci95"] = slowdown_ci(rows, "slowdown_vs_sham")
     emit("training", summary, headers, extra)
-    for method, got in extra["slowdown_ci95"].items():
-        print(f"{method} slowdown: median {got['median']:+.3f} 95% CI [{got['ci95'][0]:+.3f}, "
-              f"{got['ci95'][1]:+.3f}] over {len(got['per_repeat'])} repeats", file=sys.stderr)  # fmt: skip
+    for key in ("slowdown", "slowdown_vs_sham"):
+        for method, got in extra[f"{key}_ci95"].items():
+            low, high = got["ci95"]
+            print(f"{method} {key}: median {got['median']:+.3f} 95% CI [{low:+.3f}, {high:+.3f}] "
+                  f"over {len(got['per_repeat'])} repeats", file=sys.stderr)  # fmt: skip
     for key in ("blocked_s", "blocked_steady_s", "write_s"):
         if extra[f"process_{key}_ratio"]:
             r = extra[f"process_{key}_ratio"]
@@ -784,12 +836,12 @@ def main() -> None:
                   file=sys.stderr)  # fmt: skip
 
 
-def slowdown_ci(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per method, its step slowdown over the repeats: median and 95 % bootstrap interval."""
+def slowdown_ci(rows: list[dict[str, Any]], key: str = "slowdown") -> dict[str, dict[str, Any]]:
+    """Per method, its step slowdown (``key``) over the repeats: median and 95 % bootstrap interval."""
     per: dict[str, list[float]] = {}
     for r in rows:
-        if r.get("slowdown") is not None:
-            per.setdefault(r["method"], []).append(r["slowdown"])
+        if r.get(key) is not None:
+            per.setdefault(r["method"], []).append(r[key])
     return {
         m: {"median": median(v), "ci95": list(bootstrap_ci(v)), "per_repeat": v}
         for m, v in per.items()
