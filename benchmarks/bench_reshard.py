@@ -20,9 +20,17 @@ which pages the allocator hands back, and swamps the loads' own differences. ``-
 allocates and touches every destination before timing (``load_state(into=)`` on the same
 footing), as a training job resuming into its existing tensors would.
 
+``--together`` runs the ranks of each load at once instead (``asyncio.gather`` in this
+process, each rank with its own checkpointer, as ranks in their own processes have their own
+pools), both sides alike: the time is the whole job's, from the first rank's start to the last
+rank's end, so one rank's fixed costs (listing, commit record, index, headers) overlap the
+others' reads, as they do when a job resumes. The ranks share this process's two cores, GIL
+and device; an untimed load of each side makes every checkpointer's pool first.
+
     python benchmarks/bench_reshard.py --target /nvme/tmp        # 2->4, 4->2, 2->1, 10 % partial
     python benchmarks/bench_reshard.py --size 1GiB --pairs 7
     python benchmarks/bench_reshard.py --warm --pairs 7           # destinations touched first
+    python benchmarks/bench_reshard.py --warm --together --pairs 7 # every rank of a load at once
     python benchmarks/bench_reshard.py --save-rank ROOT ...        # internal: one saving rank
 """
 
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -61,6 +70,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--chunk-size", default="32MiB")
     p.add_argument(
         "--warm", action="store_true", help="destinations allocated and touched before timing (both sides)"
+    )
+    p.add_argument(
+        "--together",
+        action="store_true",
+        help="the ranks of each load at once, a checkpointer each (both sides); default: rank after rank",
     )
     p.add_argument(
         "--max-in-flight",
@@ -132,36 +146,48 @@ def touched(state: dict[str, Any]) -> dict[str, Any]:
 
 
 async def resharded(
-    c: AsyncCheckpointer,
+    cs: list[AsyncCheckpointer],
     root: Path,
     world: int,
     shape_list: list[tuple[int, int]],
     into: list[dict[str, Any]] | None = None,
 ) -> tuple[int, int, float]:
-    """(bytes read, bytes needed, seconds) of a load by ``world`` ranks, rank after rank
-    (into ``into``'s boxes when given, else into new ones)."""
-    read = needed = 0
-    t0 = time.perf_counter()
-    for rank in range(world):
+    """(bytes read, bytes needed, seconds) of a load by ``world`` ranks, rank after rank with
+    one checkpointer, or all at once with one each (into ``into``'s boxes when given, else
+    into new ones)."""
+
+    async def one(rank: int) -> tuple[int, int]:
         dest = into[rank] if into is not None else rank_state(shape_list, rank, world, zero=True)
-        got = await c.load_step(root, into=dest)
+        got = await cs[rank % len(cs)].load_step(root, into=dest)
         assert got.reads is not None
-        read, needed = read + got.reads.read, needed + got.reads.needed
-    return read, needed, time.perf_counter() - t0
+        return got.reads.read, got.reads.needed
+
+    t0 = time.perf_counter()
+    got = await ranks(one, world, together=len(cs) > 1)
+    return sum(r for r, _ in got), sum(n for _, n in got), time.perf_counter() - t0
 
 
 async def same_world(
-    c: AsyncCheckpointer, root: Path, world: int, into: list[dict[str, Any]] | None = None
+    cs: list[AsyncCheckpointer], root: Path, world: int, into: list[dict[str, Any]] | None = None
 ) -> tuple[int, float]:
     """(bytes, seconds) of each rank loading its own object of a step saved by ``world`` ranks
-    (into ``into``'s arrays when given)."""
-    total = 0
-    t0 = time.perf_counter()
-    for rank in range(world):
+    (into ``into``'s arrays when given), rank after rank or all at once as ``resharded``."""
+
+    async def one(rank: int) -> int:
         uri = root / "step-1" / f"rank-{rank}-of-{world}.safetensors"
-        got = await c.load_state(uri, into=into[rank] if into is not None else None)
-        total += got.tensor_bytes
-    return total, time.perf_counter() - t0
+        got = await cs[rank % len(cs)].load_state(uri, into=into[rank] if into is not None else None)
+        return int(got.tensor_bytes)
+
+    t0 = time.perf_counter()
+    got = await ranks(one, world, together=len(cs) > 1)
+    return sum(got), time.perf_counter() - t0
+
+
+async def ranks(one: Any, world: int, *, together: bool) -> list[Any]:
+    """``one(rank)`` for every rank: all at once, or one after another."""
+    if together:
+        return list(await asyncio.gather(*(one(rank) for rank in range(world))))
+    return [await one(rank) for rank in range(world)]
 
 
 async def partial(c: AsyncCheckpointer, base: Path, shape_list: list[tuple[int, int]]) -> dict[str, Any]:
@@ -182,7 +208,15 @@ async def run(args: argparse.Namespace, base: Path) -> tuple[list[dict[str, Any]
         await asyncio.to_thread(save_with, n, base / f"saved-by-{n}", args)
     rows, verdicts = [], {}
     tuning = {} if args.max_in_flight is None else {"max_in_flight": args.max_in_flight}
-    async with AsyncCheckpointer(chunk_size=parse_size(args.chunk_size), **tuning) as c:
+    most = max(n for case in CASES for n in case) if args.together else 1
+    async with contextlib.AsyncExitStack() as stack:
+        cs = [
+            await stack.enter_async_context(
+                AsyncCheckpointer(chunk_size=parse_size(args.chunk_size), **tuning)
+            )
+            for _ in range(most)
+        ]
+        c = cs[0]
         for saved, loaded in CASES:
             ratios = []
             warm: dict[str, list[dict[str, Any]]] = {}
@@ -191,15 +225,18 @@ async def run(args: argparse.Namespace, base: Path) -> tuple[list[dict[str, Any]
                     touched(rank_state(shape_list, r, loaded, zero=True)) for r in range(loaded)
                 ]
                 warm["same"] = [touched(rank_state(shape_list, r, saved, zero=True)) for r in range(saved)]
+            if args.together:  # untimed: every checkpointer's pool made before the pairs
+                await resharded(cs, base / f"saved-by-{saved}", loaded, shape_list, warm.get("reshard"))
+                await same_world(cs, base / f"saved-by-{saved}", saved, warm.get("same"))
             for pair in range(args.pairs):
                 order = ("reshard", "same") if pair % 2 == 0 else ("same", "reshard")
                 got: dict[str, Any] = {}
                 for which in order:
                     step = base / f"saved-by-{saved}"
                     if which == "reshard":
-                        got["reshard"] = await resharded(c, step, loaded, shape_list, warm.get("reshard"))
+                        got["reshard"] = await resharded(cs, step, loaded, shape_list, warm.get("reshard"))
                     else:  # the same step, loaded by the world size that saved it
-                        got["same"] = await same_world(c, step, saved, warm.get("same"))
+                        got["same"] = await same_world(cs, step, saved, warm.get("same"))
                 read, needed, secs = got["reshard"]
                 same_bytes, same_secs = got["same"]
                 ratio = (needed / secs) / (same_bytes / same_secs)
@@ -225,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.target, prefix="bench-reshard-") as tmp:
         rows, verdicts = asyncio.run(run(args, Path(tmp)))
     headers = ["case", "pair", "read_over_needed", "reshard_gbps", "same_gbps", "ratio"]
-    meta = {"size": args.size, "tensor": args.tensor, "warm": args.warm, "verdicts": verdicts}
+    meta = {"size": args.size, "tensor": args.tensor, "warm": args.warm, "together": args.together}
+    meta["verdicts"] = verdicts
     emit("bench_reshard", rows, headers, meta)
     return 0
 
