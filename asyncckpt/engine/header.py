@@ -41,9 +41,13 @@ async def read_prefix(sink: Sink, size: int, uri: str) -> tuple[bytearray, Heade
     await read_exact(sink, 0, memoryview(first), uri)
     n = header_length(bytes(first[:8]), size, uri)
     if 8 + n > len(first):
-        rest = bytearray(8 + n - len(first))
-        await read_exact(sink, len(first), memoryview(rest), uri)
-        first += rest
+        # a new buffer, never ``first += ...``: a store's client (or anyio's idle worker, which
+        # keeps its last call's arguments) may still hold a view of ``first``, and a bytearray
+        # with a view cannot be resized (BufferError)
+        whole = bytearray(8 + n)
+        whole[: len(first)] = first
+        await read_exact(sink, len(first), memoryview(whole)[len(first) :], uri)
+        first = whole
     prefix = first[: 8 + n]
     # in a thread: a header of 10 000 tensors takes 0.1-0.2 s to parse and check
     return prefix, await run_blocking(sink.executor, parse_header, bytes(prefix[8:]), size, uri)
