@@ -38,6 +38,7 @@ dependencies; docs/benchmarks.md says how); without them the row is skipped with
 
     python benchmarks/bench_training.py [--state-size 256MiB] [--repeats 3] [--dir /var/tmp]
         [--train-threads N] [--tiered-server files] [--drain-bandwidth 100MB] [--sham]
+        [--server-cpus 1]
 """
 
 from __future__ import annotations
@@ -778,6 +779,13 @@ def main() -> None:
         help="after each checkpoint, a sham one that does all but save: slowdown_vs_sham compares "
         "the steps beside a write with the steps at the same offsets after the sham",
     )
+    p.add_argument(
+        "--server-cpus",
+        type=lambda v: sorted({int(c) for c in v.split(",")}),
+        default=None,
+        help="save_state_tiered: the CPUs the embedded server may run on (for example 1), as a "
+        "store on other machines would take none of the training's; default: every CPU",
+    )
     p.add_argument("--tiered-remote", help=argparse.SUPPRESS)  # set by the parent for its children
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -797,7 +805,13 @@ def main() -> None:
             return
     with contextlib.ExitStack() as stack:
         if "save_state_tiered" in names and args.tiered_server != "files":  # the children inherit its AWS_*
-            uri = start_for_bench(stack, args.tiered_server)
+            everywhere = os.sched_getaffinity(0)
+            if args.server_cpus:  # the server's processes inherit this affinity; the training's do not
+                os.sched_setaffinity(0, args.server_cpus)
+            try:
+                uri = start_for_bench(stack, args.tiered_server)
+            finally:
+                os.sched_setaffinity(0, everywhere)
             sys.argv += ["--tiered-remote", uri.rsplit("/", 1)[0] + "/bench-training"]
         rows, memcpy = run_all(args, names)
     memcpy_s = median([m["memcpy_s"] for m in memcpy])
