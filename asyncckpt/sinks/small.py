@@ -11,6 +11,7 @@ import mmap
 
 from ..blocking import read_full
 from ..errors import IntegrityError
+from ..pool import close_mapping
 from .base import Sink
 from .commit import commit
 
@@ -34,7 +35,7 @@ async def put_bytes(sink: Sink, data: bytes) -> dict[str, object]:
         return sink.describe()
     finally:
         view.release()
-        scratch.close()
+        close_mapping(scratch)  # a store's client may still hold a slice: then unmapped when collected
 
 
 async def read_upto(sink: Sink, size: int) -> bytes:
