@@ -604,8 +604,8 @@ def versus_sham(
     the sham moment that follows it (only where that sham interval is whole)."""
     beside: list[float] = []
     sham: list[float] = []
-    for (at, real), (then, fake), (end, _) in zip(moments, moments[1:], moments[2:], strict=False):
-        if not real or fake:
+    for (at, real), (then, then_real), (end, _) in zip(moments, moments[1:], moments[2:], strict=False):
+        if not real or then_real:  # a real moment followed by its sham
             continue
         for k in range(min(then - at, end - then)):
             if steps[at + k][1]:  # a write in flight beside this step
