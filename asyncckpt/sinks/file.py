@@ -33,7 +33,7 @@ from ..cpu import CpuTally, thread_cpu_call
 from ..errors import ConfigError, DirectIOError, DirectIOUnavailableError, TargetNotFoundError, map_os_error
 from ..owner import aside_name, parse_temp, temp_name
 from ..pool import buffer_address
-from .base import Sink
+from .base import AfterRead, ReadBatch, Sink
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -113,6 +113,7 @@ class FileSink(Sink):
 
     has_directories: ClassVar[bool] = True
     can_list: ClassVar[bool] = True
+    reads_in_batches: ClassVar[bool] = True
 
     @classmethod
     def check_root(cls, uri: str) -> None:
@@ -449,6 +450,23 @@ class FileSink(Sink):
             return await run_blocking(self.executor, self._timed_read, offset, buf)
         except OSError as exc:
             raise map_os_error(exc, f"read {str(self.path)!r} at offset {offset}") from None
+
+    async def read_batch(self, reads: ReadBatch, after: AfterRead) -> None:
+        await run_blocking(self.executor, self._read_batch_sync, reads, after)
+
+    def _read_batch_sync(self, reads: ReadBatch, after: AfterRead) -> None:
+        for i, (offset, view) in enumerate(reads):
+            got = 0
+            while got < len(view):
+                try:
+                    with view[got:] as rest:
+                        n = self._timed_read(offset + got, rest)
+                except OSError as exc:
+                    raise map_os_error(exc, f"read {str(self.path)!r} at offset {offset + got}") from None
+                if n <= 0:
+                    break
+                got += n
+            after(i, got)
 
     def _stat_sync(self) -> int:
         # during a load, the version opened by open_read (a save may rename another over it)

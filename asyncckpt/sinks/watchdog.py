@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from ..cpu import CpuCounters
 from ..errors import StallError
 from ..sources.base import GenSpec
-from .base import InPlaceWrite, Sink
+from .base import AfterRead, InPlaceWrite, ReadBatch, Sink
 from .shm import SharedArena
 
 T = TypeVar("T")
@@ -191,6 +191,7 @@ class WatchedSink(Sink):
         setattr(self, "uses_shared_arena", inner.uses_shared_arena)  # noqa: B010
         setattr(self, "stoppable", inner.stoppable)  # noqa: B010
         setattr(self, "has_directories", inner.has_directories)  # noqa: B010
+        setattr(self, "reads_in_batches", inner.reads_in_batches)  # noqa: B010
         self.watchdog = Watchdog(
             stall_timeout,
             f"{inner.uri} ({inner.backend})",
@@ -264,6 +265,14 @@ class WatchedSink(Sink):
     async def read_into(self, offset: int, buf: memoryview) -> int:
         stage = f"read at offset {offset} ({len(buf)} bytes)"
         return await self.watchdog.run(stage, lambda: self.inner.read_into(offset, buf))
+
+    async def read_batch(self, reads: ReadBatch, after: AfterRead) -> None:
+        if not self.inner.reads_in_batches:  # read by read, each through this wrapper's watch
+            await super().read_batch(reads, after)
+            return
+        total = sum(len(view) for _, view in reads)
+        stage = f"read at offset {reads[0][0] if reads else 0} ({len(reads)} reads, {total} bytes)"
+        await self.watchdog.run(stage, lambda: self.inner.read_batch(reads, after))
 
     async def size(self) -> int:
         await self.inner.start()
