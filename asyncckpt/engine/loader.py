@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import itertools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -311,10 +312,12 @@ async def stream_views(
     )
     found: dict[int, Mismatch] = {}
     blocks = verifier if isinstance(verifier, BlockVerifier) else None
-    if beside and sink.reads_in_batches:  # one thread hop per batch: nothing to hand out in order
+    batches = Batched.plan(spans, read_chunk) if beside and sink.reads_in_batches else []
+    if batches and 2 * len(batches) <= sum(map(len, batches)):  # two reads or more a batch
         assert deliver is not None
+        state.records = [rec for batch in batches for rec in batch]
         batched = Batched(sink, pool, uri, blocks, deliver, state, progress)
-        failed = await batched.run(spans, read_chunk, num_readers)
+        failed = await batched.run(batches, num_readers)
         if failed is not None:
             state.offset = failed[0].offset
             raise await located(failed[1], verifier, sink, executor, state, threads)
@@ -388,8 +391,11 @@ class Batched:
     one pool buffer, take batches of consecutive reads (up to ``read_chunk`` bytes) and do each
     batch in one thread hop: read, check, deliver, next. A resharded rank's 4 MiB reads paid two
     hops each on the ordered path (its 2 -> 4 load ran at 0.84-0.89 x a same-world load);
-    here a batch of eight pays one. Every buffer is back in the pool, and every thread finished,
-    when :meth:`run` returns or raises."""
+    here a batch of eight pays one. Used only where batches hold two reads or more on average:
+    a worker does not read while it checks and copies, so a batch of one big read gives up the
+    overlap the ordered path keeps (a 2 -> 1 load lost 5-10 %). The stall watchdog times each
+    batch, its checks and copies included. Every buffer is back in the pool, and every thread
+    finished, when :meth:`run` returns or raises."""
 
     def __init__(
         self,
@@ -405,23 +411,28 @@ class Batched:
         self.state, self.progress = state, progress
         self.bad: tuple[ReadRecord, Mismatch] | None = None
 
-    async def run(
-        self, spans: Sequence[tuple[int, int]], read_chunk: int, num_readers: int
-    ) -> tuple[ReadRecord, Mismatch] | None:
-        """Read every span; the first read that did not verify (and its mismatch), if any."""
-        pieces = [
-            (offset, min(read_chunk, start + length - offset))
-            for start, length in spans
-            for offset in range(start, start + length, read_chunk)
-        ]
-        records = [ReadRecord(i, offset, n) for i, (offset, n) in enumerate(pieces)]
-        self.state.records = records
+    @staticmethod
+    def plan(spans: Sequence[tuple[int, int]], read_chunk: int) -> list[list[ReadRecord]]:
+        """The reads of ``spans`` (each at most ``read_chunk`` bytes), grouped into batches of
+        consecutive reads of at most ``read_chunk`` bytes together."""
         batches: list[list[ReadRecord]] = []
-        for rec in records:
-            if batches and sum(r.nbytes for r in batches[-1]) + rec.nbytes <= read_chunk:
-                batches[-1].append(rec)
-            else:
-                batches.append([rec])
+        size, index = 0, itertools.count()
+        for start, length in spans:
+            for offset in range(start, start + length, read_chunk):
+                n = min(read_chunk, start + length - offset)
+                rec = ReadRecord(next(index), offset, n)
+                if batches and size + n <= read_chunk:
+                    batches[-1].append(rec)
+                    size += n
+                else:
+                    batches.append([rec])
+                    size = n
+        return batches
+
+    async def run(
+        self, batches: list[list[ReadRecord]], num_readers: int
+    ) -> tuple[ReadRecord, Mismatch] | None:
+        """Read every batch; the first read that did not verify (and its mismatch), if any."""
         todo = iter(batches)  # shared: each worker takes the next batch
         try:
             async with asyncio.TaskGroup() as tg:
