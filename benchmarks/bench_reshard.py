@@ -30,7 +30,13 @@ and device; an untimed load of each side makes every checkpointer's pool first.
     python benchmarks/bench_reshard.py --target /nvme/tmp        # 2->4, 4->2, 2->1, 10 % partial
     python benchmarks/bench_reshard.py --size 1GiB --pairs 7
     python benchmarks/bench_reshard.py --warm --pairs 7           # destinations touched first
+``--processes`` runs every rank in its own process, as a job does: one ``torchrun`` job per
+case with as many ranks as the larger side; each pair times both sides between two gloo
+barriers (rank 0's clock), the ranks a side does not use waiting at the barriers. Each rank
+has its own checkpointer, pool and GIL; the ranks share the machine's cores and device.
+
     python benchmarks/bench_reshard.py --warm --together --pairs 7 # every rank of a load at once
+    python benchmarks/bench_reshard.py --warm --processes --pairs 7 # every rank its own process
     python benchmarks/bench_reshard.py --save-rank ROOT ...        # internal: one saving rank
 """
 
@@ -39,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -77,12 +84,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the ranks of each load at once, a checkpointer each (both sides); default: rank after rank",
     )
     p.add_argument(
+        "--processes",
+        action="store_true",
+        help="every rank of a load in its own process (torchrun, gloo barriers around each load)",
+    )
+    p.add_argument(
         "--max-in-flight",
         type=int,
         default=None,
         help="reads in flight for every load, both sides (default: the library's)",
     )
     p.add_argument("--save-rank", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--load-rank", nargs=4, default=None, help=argparse.SUPPRESS)  # root saved loaded out
     return p.parse_args(argv)
 
 
@@ -125,17 +138,24 @@ async def save_rank(args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
-def save_with(ranks: int, root: Path, args: argparse.Namespace) -> None:
+def run_ranks(ranks: int, args: argparse.Namespace, extra: list[str]) -> None:
+    """This script as ``ranks`` real ``torchrun`` ranks (gloo, CPU) with ``extra`` arguments."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--nnodes", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "0",
-        os.path.abspath(__file__), "--save-rank", str(root), "--size", args.size, "--tensor", args.tensor,
+        os.path.abspath(__file__), "--size", args.size, "--tensor", args.tensor,
         "--chunk-size", args.chunk_size,
+        "--pairs", str(args.pairs), *(["--warm"] if args.warm else []),
+        *([] if args.max_in_flight is None else ["--max-in-flight", str(args.max_in_flight)]), *extra,
     ]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+def save_with(ranks: int, root: Path, args: argparse.Namespace) -> None:
+    run_ranks(ranks, args, ["--save-rank", str(root)])
 
 
 def touched(state: dict[str, Any]) -> dict[str, Any]:
@@ -143,6 +163,24 @@ def touched(state: dict[str, Any]) -> dict[str, Any]:
     for leaf in state.values():
         (leaf.data if isinstance(leaf, Shard) else leaf).fill(1)
     return state
+
+
+async def one_resharded(
+    c: AsyncCheckpointer, root: Path, rank: int, world: int, shape_list: list[tuple[int, int]], into: Any
+) -> tuple[int, int]:
+    """(bytes read, bytes needed) of rank ``rank`` of ``world`` loading the step resharded
+    (into ``into``'s boxes when given, else into new ones)."""
+    dest = into if into is not None else rank_state(shape_list, rank, world, zero=True)
+    got = await c.load_step(root, into=dest)
+    assert got.reads is not None
+    return got.reads.read, got.reads.needed
+
+
+async def one_same(c: AsyncCheckpointer, root: Path, rank: int, world: int, into: Any) -> int:
+    """Bytes of rank ``rank`` loading its own object of a step saved by ``world`` ranks (into
+    ``into``'s arrays when given)."""
+    got = await c.load_state(root / "step-1" / f"rank-{rank}-of-{world}.safetensors", into=into)
+    return int(got.tensor_bytes)
 
 
 async def resharded(
@@ -157,10 +195,8 @@ async def resharded(
     into new ones)."""
 
     async def one(rank: int) -> tuple[int, int]:
-        dest = into[rank] if into is not None else rank_state(shape_list, rank, world, zero=True)
-        got = await cs[rank % len(cs)].load_step(root, into=dest)
-        assert got.reads is not None
-        return got.reads.read, got.reads.needed
+        dest = into[rank] if into is not None else None
+        return await one_resharded(cs[rank % len(cs)], root, rank, world, shape_list, dest)
 
     t0 = time.perf_counter()
     got = await ranks(one, world, together=len(cs) > 1)
@@ -174,9 +210,7 @@ async def same_world(
     (into ``into``'s arrays when given), rank after rank or all at once as ``resharded``."""
 
     async def one(rank: int) -> int:
-        uri = root / "step-1" / f"rank-{rank}-of-{world}.safetensors"
-        got = await cs[rank % len(cs)].load_state(uri, into=into[rank] if into is not None else None)
-        return int(got.tensor_bytes)
+        return await one_same(cs[rank % len(cs)], root, rank, world, into[rank] if into is not None else None)
 
     t0 = time.perf_counter()
     got = await ranks(one, world, together=len(cs) > 1)
@@ -202,54 +236,134 @@ async def partial(c: AsyncCheckpointer, base: Path, shape_list: list[tuple[int, 
             "met": got.load.size_bytes / total <= PARTIAL_TARGET}  # fmt: skip
 
 
+def pair_row(
+    case: str, pair: int, reshard: tuple[int, int, float], same: tuple[int, float]
+) -> dict[str, Any]:
+    """One pair's row: bytes read / needed and both sides' throughput (bytes needed / time)."""
+    read, needed, secs = reshard
+    same_bytes, same_secs = same
+    ratio = (needed / secs) / (same_bytes / same_secs)
+    row = {"case": case, "pair": pair, "read_over_needed": read / needed}
+    return row | {
+        "reshard_gbps": needed / secs / 1e9,
+        "same_gbps": same_bytes / same_secs / 1e9,
+        "ratio": ratio,
+    }
+
+
+async def in_this_process(
+    args: argparse.Namespace, base: Path, shape_list: list[tuple[int, int]], stack: contextlib.AsyncExitStack
+) -> list[dict[str, Any]]:
+    """Every case's pairs, the ranks of a load run in this process (one after another, or
+    together with ``--together``)."""
+    rows = []
+    tuning = {} if args.max_in_flight is None else {"max_in_flight": args.max_in_flight}
+    most = max(n for case in CASES for n in case) if args.together else 1
+    cs = [
+        await stack.enter_async_context(AsyncCheckpointer(chunk_size=parse_size(args.chunk_size), **tuning))
+        for _ in range(most)
+    ]
+    for saved, loaded in CASES:
+        step = base / f"saved-by-{saved}"
+        warm: dict[str, list[dict[str, Any]]] = {}
+        if args.warm:  # made and touched once, before any timing; reused by every pair
+            warm["reshard"] = [touched(rank_state(shape_list, r, loaded, zero=True)) for r in range(loaded)]
+            warm["same"] = [touched(rank_state(shape_list, r, saved, zero=True)) for r in range(saved)]
+        if args.together:  # untimed: every checkpointer's pool made before the pairs
+            await resharded(cs, step, loaded, shape_list, warm.get("reshard"))
+            await same_world(cs, step, saved, warm.get("same"))
+        for pair in range(args.pairs):
+            order = ("reshard", "same") if pair % 2 == 0 else ("same", "reshard")
+            got: dict[str, Any] = {}
+            for which in order:
+                if which == "reshard":
+                    got["reshard"] = await resharded(cs, step, loaded, shape_list, warm.get("reshard"))
+                else:  # the same step, loaded by the world size that saved it
+                    got["same"] = await same_world(cs, step, saved, warm.get("same"))
+            rows.append(pair_row(f"{saved}->{loaded}", pair + 1, got["reshard"], got["same"]))
+    return rows
+
+
+def in_processes(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
+    """Every case's pairs, one ``torchrun`` job per case (``--processes``)."""
+    rows = []
+    for saved, loaded in CASES:
+        out = base / f"pairs-{saved}-{loaded}.json"
+        run_ranks(
+            max(saved, loaded),
+            args,
+            ["--load-rank", str(base / f"saved-by-{saved}"), str(saved), str(loaded), str(out)],
+        )
+        for pair, got in enumerate(json.loads(out.read_text())):
+            rows.append(pair_row(f"{saved}->{loaded}", pair + 1, tuple(got["reshard"]), tuple(got["same"])))
+    return rows
+
+
+async def load_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """One rank of a ``--processes`` job: both sides of every pair, each between two barriers
+    (the time is rank 0's, from the first barrier to the second); rank 0 returns the pairs."""
+    import torch.distributed as dist  # only in the ranks
+
+    dist.init_process_group("gloo")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        root, saved, loaded = Path(args.load_rank[0]), int(args.load_rank[1]), int(args.load_rank[2])
+        shape_list = shapes(parse_size(args.size), parse_size(args.tensor))
+        into_r = (
+            touched(rank_state(shape_list, rank, loaded, zero=True)) if args.warm and rank < loaded else None
+        )
+        into_s = (
+            touched(rank_state(shape_list, rank, saved, zero=True)) if args.warm and rank < saved else None
+        )
+        tuning = {} if args.max_in_flight is None else {"max_in_flight": args.max_in_flight}
+        async with AsyncCheckpointer(chunk_size=parse_size(args.chunk_size), **tuning) as c:
+
+            async def side(which: str) -> tuple[float, list[int]]:
+                dist.barrier()  # blocking on purpose: nothing else runs on this loop meanwhile
+                t0 = time.perf_counter()
+                mine = [0, 0, 0]  # bytes read, bytes needed (resharded); bytes (same world)
+                if which == "reshard" and rank < loaded:
+                    mine[:2] = await one_resharded(c, root, rank, loaded, shape_list, into_r)
+                elif which == "same" and rank < saved:
+                    mine[2] = await one_same(c, root, rank, saved, into_s)
+                dist.barrier()
+                secs = time.perf_counter() - t0
+                every: list[Any] = [None] * world
+                dist.all_gather_object(every, mine)
+                return secs, [sum(m[i] for m in every) for i in range(3)]
+
+            await side("reshard"), await side("same")  # untimed: the pool made, the files opened once
+            pairs = []
+            for pair in range(args.pairs):
+                got = {}
+                for which in ("reshard", "same") if pair % 2 == 0 else ("same", "reshard"):
+                    got[which] = await side(which)
+                (r_secs, (read, needed, _)), (s_secs, (_, _, nbytes)) = got["reshard"], got["same"]
+                pairs.append({"reshard": [read, needed, r_secs], "same": [nbytes, s_secs]})
+        return pairs if rank == 0 else None
+    finally:
+        dist.destroy_process_group()
+
+
 async def run(args: argparse.Namespace, base: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     shape_list = shapes(parse_size(args.size), parse_size(args.tensor))
     for n in sorted({saved for saved, _ in CASES}):
         await asyncio.to_thread(save_with, n, base / f"saved-by-{n}", args)
-    rows, verdicts = [], {}
-    tuning = {} if args.max_in_flight is None else {"max_in_flight": args.max_in_flight}
-    most = max(n for case in CASES for n in case) if args.together else 1
+    verdicts: dict[str, Any] = {}
     async with contextlib.AsyncExitStack() as stack:
-        cs = [
-            await stack.enter_async_context(
-                AsyncCheckpointer(chunk_size=parse_size(args.chunk_size), **tuning)
-            )
-            for _ in range(most)
-        ]
-        c = cs[0]
+        if args.processes:
+            rows = await asyncio.to_thread(in_processes, args, base)
+        else:
+            rows = await in_this_process(args, base, shape_list, stack)
         for saved, loaded in CASES:
-            ratios = []
-            warm: dict[str, list[dict[str, Any]]] = {}
-            if args.warm:  # made and touched once, before any timing; reused by every pair
-                warm["reshard"] = [
-                    touched(rank_state(shape_list, r, loaded, zero=True)) for r in range(loaded)
-                ]
-                warm["same"] = [touched(rank_state(shape_list, r, saved, zero=True)) for r in range(saved)]
-            if args.together:  # untimed: every checkpointer's pool made before the pairs
-                await resharded(cs, base / f"saved-by-{saved}", loaded, shape_list, warm.get("reshard"))
-                await same_world(cs, base / f"saved-by-{saved}", saved, warm.get("same"))
-            for pair in range(args.pairs):
-                order = ("reshard", "same") if pair % 2 == 0 else ("same", "reshard")
-                got: dict[str, Any] = {}
-                for which in order:
-                    step = base / f"saved-by-{saved}"
-                    if which == "reshard":
-                        got["reshard"] = await resharded(cs, step, loaded, shape_list, warm.get("reshard"))
-                    else:  # the same step, loaded by the world size that saved it
-                        got["same"] = await same_world(cs, step, saved, warm.get("same"))
-                read, needed, secs = got["reshard"]
-                same_bytes, same_secs = got["same"]
-                ratio = (needed / secs) / (same_bytes / same_secs)
-                ratios.append(ratio)
-                row = {"case": f"{saved}->{loaded}", "pair": pair + 1, "read_over_needed": read / needed}
-                row |= {"reshard_gbps": needed / secs / 1e9, "same_gbps": same_bytes / same_secs / 1e9}
-                rows.append({**row, "ratio": ratio})
             case_rows = [r for r in rows if r["case"] == f"{saved}->{loaded}"]
+            ratios = [r["ratio"] for r in case_rows]
             verdicts[f"{saved}->{loaded}"] = {
                 "read_over_needed": median([r["read_over_needed"] for r in case_rows]),
                 "read_target": f"<= {READ_TARGET}",
                 "throughput": ratio_verdict(ratios, SPEED_TARGET) if len(ratios) >= 5 else None,
             }
+        c = await stack.enter_async_context(AsyncCheckpointer(chunk_size=parse_size(args.chunk_size)))
         verdicts["partial"] = await partial(c, base, shape_list)
     return rows, verdicts
 
@@ -259,10 +373,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_rank is not None:
         asyncio.run(save_rank(args))
         return 0
+    if args.load_rank is not None:
+        pairs = asyncio.run(load_rank(args))
+        if pairs is not None:  # rank 0
+            Path(args.load_rank[3]).write_text(json.dumps(pairs))
+        return 0
     with tempfile.TemporaryDirectory(dir=args.target, prefix="bench-reshard-") as tmp:
         rows, verdicts = asyncio.run(run(args, Path(tmp)))
     headers = ["case", "pair", "read_over_needed", "reshard_gbps", "same_gbps", "ratio"]
     meta = {"size": args.size, "tensor": args.tensor, "warm": args.warm, "together": args.together}
+    meta["processes"] = args.processes
     meta["verdicts"] = verdicts
     emit("bench_reshard", rows, headers, meta)
     return 0
