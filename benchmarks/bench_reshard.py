@@ -236,6 +236,15 @@ async def partial(c: AsyncCheckpointer, base: Path, shape_list: list[tuple[int, 
             "met": got.load.size_bytes / total <= PARTIAL_TARGET}  # fmt: skip
 
 
+async def pool_ready(c: AsyncCheckpointer) -> None:
+    """Wait until ``c``'s pool is made and every buffer faulted in: the pool is built at its
+    first use and faulted in beside it, which would slow the first timed loads of a rank
+    that had not been used yet (a same-world side with more ranks than the resharded one)."""
+    pool = c.runtime.pool_now
+    if pool is not None:
+        await pool.faulted()
+
+
 def pair_row(
     case: str, pair: int, reshard: tuple[int, int, float], same: tuple[int, float]
 ) -> dict[str, Any]:
@@ -272,6 +281,8 @@ async def in_this_process(
         if args.together:  # untimed: every checkpointer's pool made before the pairs
             await resharded(cs, step, loaded, shape_list, warm.get("reshard"))
             await same_world(cs, step, saved, warm.get("same"))
+            for c in cs:
+                await pool_ready(c)
         for pair in range(args.pairs):
             order = ("reshard", "same") if pair % 2 == 0 else ("same", "reshard")
             got: dict[str, Any] = {}
@@ -333,6 +344,8 @@ async def load_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
                 return secs, [sum(m[i] for m in every) for i in range(3)]
 
             await side("reshard"), await side("same")  # untimed: the pool made, the files opened once
+            await pool_ready(c)
+            dist.barrier()
             pairs = []
             for pair in range(args.pairs):
                 got = {}
