@@ -25,7 +25,8 @@ process, each rank with its own checkpointer, as ranks in their own processes ha
 pools), both sides alike: the time is the whole job's, from the first rank's start to the last
 rank's end, so one rank's fixed costs (listing, commit record, index, headers) overlap the
 others' reads, as they do when a job resumes. The ranks share this process's two cores, GIL
-and device; an untimed load of each side makes every checkpointer's pool first.
+and device; an untimed load of each side makes every checkpointer's pool first, and the pairs
+start once every pool is faulted in.
 
     python benchmarks/bench_reshard.py --target /nvme/tmp        # 2->4, 4->2, 2->1, 10 % partial
     python benchmarks/bench_reshard.py --size 1GiB --pairs 7
