@@ -459,6 +459,7 @@ class Batched:
     async def _batch(self, buf: PoolBuffer, batch: list[ReadRecord]) -> bool:
         views = [buf.view[: rec.nbytes] for rec in batch]
         mark = now()
+        failed: list[tuple[ReadRecord, Mismatch]] = []
 
         def after(i: int, got: int) -> None:  # in the read's thread
             nonlocal mark
@@ -477,13 +478,15 @@ class Batched:
             mark = now()
             rec.consume_s = mark - rec.t_read_end
             if bad is not None:
-                self.bad = (rec, bad)
+                failed.append((rec, bad))
                 raise _Stop
 
         try:
             reads = [(rec.offset, view) for rec, view in zip(batch, views, strict=True)]
             await self.sink.read_batch(reads, after)
-        except _Stop:
+        except _Stop:  # on the loop: of several workers' bad reads, the first in the object
+            if self.bad is None or failed[0][0].offset < self.bad[0].offset:
+                self.bad = failed[0]
             return False
         finally:
             for view in views:
