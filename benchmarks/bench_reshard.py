@@ -237,6 +237,12 @@ async def partial(c: AsyncCheckpointer, base: Path, shape_list: list[tuple[int, 
             "met": got.load.size_bytes / total <= PARTIAL_TARGET}  # fmt: skip
 
 
+def checkpointer(args: argparse.Namespace) -> AsyncCheckpointer:
+    """A loading rank's checkpointer: ``--chunk-size``, and ``--max-in-flight`` when given."""
+    tuning = {} if args.max_in_flight is None else {"max_in_flight": args.max_in_flight}
+    return AsyncCheckpointer(chunk_size=parse_size(args.chunk_size), **tuning)
+
+
 async def pool_ready(c: AsyncCheckpointer) -> None:
     """Wait until ``c``'s pool is made and every buffer faulted in: the pool is built at its
     first use and faulted in beside it, which would slow the first timed loads of a rank
@@ -267,12 +273,8 @@ async def in_this_process(
     """Every case's pairs, the ranks of a load run in this process (one after another, or
     together with ``--together``)."""
     rows = []
-    tuning = {} if args.max_in_flight is None else {"max_in_flight": args.max_in_flight}
     most = max(n for case in CASES for n in case) if args.together else 1
-    cs = [
-        await stack.enter_async_context(AsyncCheckpointer(chunk_size=parse_size(args.chunk_size), **tuning))
-        for _ in range(most)
-    ]
+    cs = [await stack.enter_async_context(checkpointer(args)) for _ in range(most)]
     for saved, loaded in CASES:
         step = base / f"saved-by-{saved}"
         warm: dict[str, list[dict[str, Any]]] = {}
@@ -327,8 +329,7 @@ async def load_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
         into_s = (
             touched(rank_state(shape_list, rank, saved, zero=True)) if args.warm and rank < saved else None
         )
-        tuning = {} if args.max_in_flight is None else {"max_in_flight": args.max_in_flight}
-        async with AsyncCheckpointer(chunk_size=parse_size(args.chunk_size), **tuning) as c:
+        async with checkpointer(args) as c:
 
             async def side(which: str) -> tuple[float, list[int]]:
                 dist.barrier()  # blocking on purpose: nothing else runs on this loop meanwhile
@@ -377,7 +378,7 @@ async def run(args: argparse.Namespace, base: Path) -> tuple[list[dict[str, Any]
                 "read_target": f"<= {READ_TARGET}",
                 "throughput": ratio_verdict(ratios, SPEED_TARGET) if len(ratios) >= 5 else None,
             }
-        c = await stack.enter_async_context(AsyncCheckpointer(chunk_size=parse_size(args.chunk_size)))
+        c = await stack.enter_async_context(checkpointer(args))
         verdicts["partial"] = await partial(c, base, shape_list)
     return rows, verdicts
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import itertools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -134,6 +133,22 @@ def check_size(manifest: Manifest, size: int, uri: str, note: str) -> None:
         )
 
 
+def pieces(spans: Sequence[tuple[int, int]], read_chunk: int) -> Iterator[tuple[int, int]]:
+    """(offset, length) of each read: the spans cut into ``read_chunk`` pieces."""
+    for start, length in spans:
+        for offset in range(start, start + length, read_chunk):
+            yield offset, min(read_chunk, start + length - offset)
+
+
+def truncated(uri: str, offset: int, size: int) -> TruncatedError:
+    """A read that got no bytes at ``offset``, before the object's end: it shrank."""
+    return TruncatedError(
+        f"checkpoint {uri!r} ended at offset {offset} while reading "
+        f"(expected {size} bytes): it was truncated during the load",
+        offset=offset,
+    )
+
+
 class OrderedReader:
     """Concurrent reads, handed out in order; every buffer is reclaimed on any exit."""
 
@@ -170,14 +185,8 @@ class OrderedReader:
             return
         self._queue.put_nowait(None)
 
-    def pieces(self) -> Iterator[tuple[int, int]]:
-        """(offset, length) of each read: the spans cut into ``read_chunk`` pieces."""
-        for start, length in self.spans:
-            for offset in range(start, start + length, self.read_chunk):
-                yield offset, min(self.read_chunk, start + length - offset)
-
     async def _issue_reads(self) -> None:
-        for index, (offset, nbytes) in enumerate(self.pieces()):
+        for index, (offset, nbytes) in enumerate(pieces(self.spans, self.read_chunk)):
             t0 = now()
             buf = await self.pool.acquire()
             self._held.add(buf)
@@ -194,11 +203,7 @@ class OrderedReader:
             rec.t_read_start = now()
             got = await read_full(self.sink.read_into, rec.offset, buf.view[: rec.nbytes])
             if got < rec.nbytes:  # zero bytes before the end: the object shrank
-                raise TruncatedError(
-                    f"checkpoint {self.uri!r} ended at offset {rec.offset + got} while reading "
-                    f"(expected {self.size} bytes): it was truncated during the load",
-                    offset=rec.offset + got,
-                )
+                raise truncated(self.uri, rec.offset + got, self.size)
             rec.t_read_end = now()
             rec.read_s = rec.t_read_end - rec.t_read_start
         finally:
@@ -316,7 +321,7 @@ async def stream_views(
     if batches and 2 * len(batches) <= sum(map(len, batches)):  # two reads or more a batch
         assert deliver is not None
         state.records = [rec for batch in batches for rec in batch]
-        batched = Batched(sink, pool, uri, blocks, deliver, state, progress)
+        batched = Batched(sink, pool, blocks, deliver, state, progress)
         failed = await batched.run(batches, num_readers)
         if failed is not None:
             state.offset = failed[0].offset
@@ -401,13 +406,12 @@ class Batched:
         self,
         sink: Sink,
         pool: BufferPool,
-        uri: str,
         blocks: BlockVerifier | None,
         deliver: Deliver,
         state: LoadState,
         progress: Callable[[int], None] | None,
     ) -> None:
-        self.sink, self.pool, self.uri, self.blocks, self.deliver = sink, pool, uri, blocks, deliver
+        self.sink, self.pool, self.blocks, self.deliver = sink, pool, blocks, deliver
         self.state, self.progress = state, progress
         self.bad: tuple[ReadRecord, Mismatch] | None = None
 
@@ -416,17 +420,15 @@ class Batched:
         """The reads of ``spans`` (each at most ``read_chunk`` bytes), grouped into batches of
         consecutive reads of at most ``read_chunk`` bytes together."""
         batches: list[list[ReadRecord]] = []
-        size, index = 0, itertools.count()
-        for start, length in spans:
-            for offset in range(start, start + length, read_chunk):
-                n = min(read_chunk, start + length - offset)
-                rec = ReadRecord(next(index), offset, n)
-                if batches and size + n <= read_chunk:
-                    batches[-1].append(rec)
-                    size += n
-                else:
-                    batches.append([rec])
-                    size = n
+        size = 0
+        for index, (offset, n) in enumerate(pieces(spans, read_chunk)):
+            rec = ReadRecord(index, offset, n)
+            if batches and size + n <= read_chunk:
+                batches[-1].append(rec)
+                size += n
+            else:
+                batches.append([rec])
+                size = n
         return batches
 
     async def run(
@@ -467,11 +469,7 @@ class Batched:
             rec.t_acquire, rec.t_read_start, rec.t_read_end = mark, mark, now()
             rec.read_s = rec.t_read_end - mark
             if got < rec.nbytes:  # zero bytes before the end: the object shrank
-                raise TruncatedError(
-                    f"checkpoint {self.uri!r} ended at offset {rec.offset + got} while reading "
-                    f"(expected {self.state.size} bytes): it was truncated during the load",
-                    offset=rec.offset + got,
-                )
+                raise truncated(self.state.uri, rec.offset + got, self.state.size)
             bad, rec.verify_s, rec.verify_cpu_s = check_whole_then_deliver(
                 self.blocks, self.deliver, rec.offset, views[i]
             )
