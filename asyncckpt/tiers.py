@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from . import steps
 from .blocking import LoopLocks
 from .checkpointer import AsyncCheckpointer
-from .drain import Drained, DrainHost, check_bandwidth, drain_object
+from .drain import Drained, DrainHost, check_bandwidth, drain_object, drainer_config
 from .engine.monitor import now
 from .errors import AsyncCkptError, ConfigError, IntegrityError, TargetNotFoundError
 from .modes import DrainWhenBusy
@@ -381,7 +381,8 @@ class Tiers:
         await steps.put_record(self.host, f"{base}/{_draining(name)}", me)
         local = f"{steps.step_uri(self.local, step)}/{name}"
         if self._drainer is None:
-            self._drainer = AsyncCheckpointer(self.host.config)
+            self._drainer = AsyncCheckpointer(drainer_config(self.host.config))
+            self._drainer.runtime.background = True
         done = await drain_object(self._drainer, local, f"{base}/{name}", bandwidth=self.bandwidth)
         facts = {
             "object": name,

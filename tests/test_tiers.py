@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 from asyncckpt import AsyncCheckpointer, CheckpointManager
+from asyncckpt.cpu import helper_threads
 from asyncckpt.drain import drain_object
 from asyncckpt.errors import ChecksumMismatchError, ConfigError, NoSpaceError
+from asyncckpt.priority import is_idle_class, priorities
 from asyncckpt.sinks.registry import resolve_backend
 from asyncckpt.steps import COMMIT
 
@@ -370,3 +372,28 @@ async def test_a_running_drain_does_not_hold_the_next_local_commit(tmp_path: Pat
         # checkpointer: the manager's runtime lock, held for a whole save, is not the drain's)
         assert mgr.tiers.stats.steps[1].state == "draining"
     assert committed(remote) == [1, 2]
+
+
+def idle_threads() -> set[int]:
+    """This process's threads in the kernel's SCHED_IDLE class."""
+    return {t for t in (int(p.name) for p in Path("/proc/self/task").iterdir()) if is_idle_class(t)}
+
+
+async def test_a_drain_checksums_in_sched_idle_and_leaves_the_saves_threads_as_they_were(
+    tmp_path: Path,
+) -> None:
+    """A drain is background work: its CPU-only work runs only on CPU other threads leave. The
+    manager's own lane, and dgen-py's process-global pool, keep their priority."""
+    local, remote = tiers_of(tmp_path)
+    async with CheckpointManager(remote, local=local, **OPTIONS) as mgr:
+        await mgr.ckpt.save("null://probe", 8 << 20)  # dgen-py's pool, lowered by the save's lane
+        helpers = priorities(helper_threads())
+        before = idle_threads()
+        await mgr.maybe_save(1, state_of(1))
+        await mgr.wait()
+        assert mgr.stats.tiers is not None and mgr.stats.tiers.remote_committed == [1]
+        drainer = idle_threads() - before
+        assert drainer, "no thread of the drain ran in SCHED_IDLE"
+        lane = mgr.ckpt.runtime.cpu_lane
+        assert lane is not None and not set(lane.tids()) & drainer  # the saves' lane: not idle
+        assert priorities(helper_threads()) == helpers  # dgen-py's pool: as the save left it

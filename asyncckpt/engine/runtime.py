@@ -57,6 +57,8 @@ class Runtime:
         self._locks = LoopLocks()
         self.closed = False
         self._stalled = False  # set by the stall watchdog
+        #: a drain's checkpointer: its CPU lane in SCHED_IDLE on purpose, a starved save is no news
+        self.background = False
 
     # -- what tests and tools may look at ---------------------------------------------------
     @property
@@ -108,23 +110,26 @@ class Runtime:
     def cpu_lane_used(self) -> bool:
         return self.config.thread_budget == "leave_loop_core"
 
-    def cpu_executor(self) -> Executor:
+    def cpu_executor(self, *, helpers: bool = True) -> Executor:
         """Where fills and checksums run: threads of their own at ``cpu_nice``, with ``cpu_idle``
         in ``SCHED_IDLE``, with ``cpu_pin`` only beside the CPU this (the loop's) thread is on now
-        (dgen-py's pool lowered and pinned to match); or the shared budget when none applies."""
+        (dgen-py's pool lowered and pinned to match, unless ``helpers`` is False: a save whose
+        fills do not use it); or the shared budget when none applies."""
         nice, idle = self.config.resolved_cpu_nice, self.config.resolved_cpu_idle
         executor = self.executor()
         beside = priority.cpus_beside(priority.current_cpu()) if self.config.resolved_cpu_pin else None
         self._pinned, self._late_ticks = beside is not None, 0
         mask = beside or os.sched_getaffinity(0)  # unpinned: every CPU the loop's thread may use
         # dgen-py's pool is process-global: another checkpointer may have pinned it
-        priority.pin(helper_threads(), mask)
+        if helpers:
+            priority.pin(helper_threads(), mask)
         if nice == 0 and not idle and beside is None:
             return executor
         if self._cpu is None:  # under the CPU lane one call runs at a time: one thread, reused
             # (several idle threads woken in turn left the loop a worse tail: 2.4 ms p99, not 1.2)
             self._cpu = CpuThreads(1 if self.cpu_lane_used else executor.threads, nice, idle=idle)
-        priority.lower(helper_threads(), nice, idle=idle)
+        if helpers:
+            priority.lower(helper_threads(), nice, idle=idle)
         self._cpu.cpus = beside
         priority.pin(self._cpu.tids(), mask)
         return self._cpu
@@ -190,6 +195,9 @@ class Runtime:
         # the class the lane really ran in: dgen-py's pool keeps what an earlier save gave it
         idle = self.config.resolved_cpu_idle or any(i for _, i in priority.priorities(lane))
         if idle and waited > max(STARVED_MIN_S, cpu):
+            if self.background:
+                log.info("a drain's checksums waited %.2f s for a CPU and ran %.2f s", waited, cpu)
+                return
             log.warning(
                 "the save's fills and checksums waited %.2f s for a CPU and ran %.2f s: other "
                 "threads held every CPU and SCHED_IDLE (cpu_idle) gives this work only what they "

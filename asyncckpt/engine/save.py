@@ -161,8 +161,9 @@ async def _save(
                 # leave_loop_core: fills and checksums take turns, so the pipeline's
                 # CPU work stays within the generator's threads and the loop keeps a core
                 lane = asyncio.Lock() if rt.cpu_lane_used else None
+                lane_executor = rt.cpu_executor(helpers=source.uses_helpers)
                 times = await stream(
-                    source, sink, pool, executor, job, cpu_lane=lane, cpu_executor=rt.cpu_executor()
+                    source, sink, pool, executor, job, cpu_lane=lane, cpu_executor=lane_executor
                 )
                 gen_s = sum(r.fill_s for r in times.records)
                 rt.warn_if_starved(lane_before)

@@ -23,6 +23,10 @@ class Source(ABC):
     #: whether a fill is CPU work (generation, a copy) that takes turns with the checksums on
     #: the CPU lane; a fill that waits on storage (a read) does not hold the lane
     uses_cpu: bool = True
+    #: whether fills run on a generator library's own process-global threads (dgen-py's pool),
+    #: which a save then lowers and pins with its CPU lane; a save of other bytes (a drain's
+    #: read) leaves them as they are
+    uses_helpers: bool = False
 
     def __init__(self, total_size: int) -> None:
         self.total_size = total_size

@@ -80,6 +80,7 @@ class DgenSource(ThreadedSource):
     """
 
     kind = "dgen"
+    uses_helpers = True
 
     def __init__(self, total_size: int, *, seed: int, threads: int) -> None:
         super().__init__(total_size)
