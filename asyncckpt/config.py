@@ -71,7 +71,8 @@ class CheckpointConfig:
     cpu_nice: int | None = None
     # those threads in the kernel's SCHED_IDLE class too (asyncckpt.priority), opt-in: a waking
     # loop preempts them at once (p99 lag into a file 2.06 -> 1.08 ms), but one of them holding
-    # the GIL while starved stalls the loop (seen beside CPU burners); None: off
+    # the GIL while starved stalls the loop (seen beside CPU burners); None: off (a tiered
+    # drain's checkpointer always sets it: asyncckpt.drain.drainer_config)
     cpu_idle: bool | None = None
     # those threads only on the CPUs other than the one the event loop is on when a save starts
     # (asyncckpt.priority): a waking loop then finds its core free (p99 lag into a file 2.08 ->

@@ -73,11 +73,12 @@ class Drained:
 DRAIN_MONITOR_S = 0.1
 
 
-def drainer_config(config: CheckpointConfig) -> CheckpointConfig:
+def drainer_config(config: CheckpointConfig, *, idle: bool = True) -> CheckpointConfig:
     """The configuration of the checkpointer that drains for one configured as ``config``: the
-    same, with its CPU lane in ``SCHED_IDLE`` and its loop monitor at :data:`DRAIN_MONITOR_S`
-    (see the module docstring)."""
-    return replace(config, cpu_idle=True, monitor_interval=max(config.monitor_interval, DRAIN_MONITOR_S))
+    same, with its loop monitor at :data:`DRAIN_MONITOR_S` and, with ``idle``
+    (``drain_priority="idle"``), its CPU lane in ``SCHED_IDLE`` (see the module docstring)."""
+    cpu_idle = True if idle else config.cpu_idle
+    return replace(config, cpu_idle=cpu_idle, monitor_interval=max(config.monitor_interval, DRAIN_MONITOR_S))
 
 
 def check_bandwidth(value: object) -> float | None:

@@ -31,7 +31,7 @@ from . import modes, steps
 from .checkpointer import AsyncCheckpointer
 from .engine.monitor import now
 from .errors import CollectiveError, ConfigError, IntegrityError, NoSpaceError
-from .modes import BestMode, DrainWhenBusy, OnPreempt, StagingMode, Tier, WhenBusy
+from .modes import BestMode, DrainPriority, DrainWhenBusy, OnPreempt, StagingMode, Tier, WhenBusy
 from .node.collectives import Collectives, get_collectives
 from .preempt import Preemption, PreemptRecord
 from .retention import Cadence, RetentionPolicy, check_metrics, to_delete
@@ -124,6 +124,7 @@ class CheckpointManager:
         drain_when_busy: DrainWhenBusy | None = None,
         max_queued_drains: int | None = None,
         drain_bandwidth: float | None = None,
+        drain_priority: DrainPriority | None = None,
         **options: Any,
     ) -> None:
         if not isinstance(raise_on_failure, bool):
@@ -145,7 +146,9 @@ class CheckpointManager:
             raise ConfigError(f"checkpointer must be an AsyncCheckpointer, got {shown(checkpointer)}")
         self.ckpt = checkpointer if checkpointer is not None else AsyncCheckpointer(**options)
         self.root = steps.check_root(root, self.ckpt.storage)  # nothing allocated yet: no I/O
-        self.tiers = self._tiers(local, keep_local, drain_when_busy, max_queued_drains, drain_bandwidth)
+        self.tiers = self._tiers(
+            local, keep_local, drain_when_busy, max_queued_drains, drain_bandwidth, drain_priority
+        )
         if self.tiers is not None:  # saves commit on the local tier; the root given is the remote
             self.remote_root, self.root = self.root, self.tiers.local
         self.every_n_steps, self.keep_last = every_n_steps or 1, keep_last
@@ -167,7 +170,13 @@ class CheckpointManager:
         self._lineage_checked = False
 
     def _tiers(
-        self, local: object, keep_local: object, when_busy: object, max_queued: object, bandwidth: object
+        self,
+        local: object,
+        keep_local: object,
+        when_busy: object,
+        max_queued: object,
+        bandwidth: object,
+        priority: object,
     ) -> Tiers | None:
         """The local tier under this manager (``local=``), validated before any I/O. Its
         options without it are refused: the run would silently have no local tier."""
@@ -176,6 +185,7 @@ class CheckpointManager:
             "drain_when_busy": when_busy,
             "max_queued_drains": max_queued,
             "drain_bandwidth": bandwidth,
+            "drain_priority": priority,
         }
         if local is None:
             given = [f"{name}={value!r}" for name, value in named.items() if value is not None]
@@ -188,6 +198,7 @@ class CheckpointManager:
         keep_local = 2 if keep_local is None else keep_local
         when_busy = "queue" if when_busy is None else when_busy
         max_queued = 1 if max_queued is None else max_queued
+        priority = "idle" if priority is None else priority
         root = check_tiers(self.root, local, keep_local, self.ckpt)
         _positive("max_queued_drains", max_queued)
         return Tiers(
@@ -199,6 +210,7 @@ class CheckpointManager:
             when_busy=modes.parse("drain_when_busy", when_busy, DrainWhenBusy, fold=False),
             max_queued=max_queued,  # type: ignore[arg-type]  # checked above
             bandwidth=bandwidth,
+            priority=modes.parse("drain_priority", priority, DrainPriority, fold=False),
         )
 
     # -- lifecycle ---------------------------------------------------------------------

@@ -39,6 +39,10 @@ OnPreempt = Literal["raise", "exit", "continue"]
 #: what a tiered CheckpointManager does when a step's drain to the remote tier is still running
 #: as the next save starts: wait for it, skip the new step's drain, or queue a bounded number
 DrainWhenBusy = Literal["wait", "skip", "queue"]
+#: the CPU priority of a tiered drain's checksums: "idle" (``SCHED_IDLE``: only the CPU other
+#: threads leave, so a training on every core loses least) or "lane" (the checkpointer's own
+#: CPU lane: niceness ``cpu_nice``, a share even where other threads keep every CPU busy)
+DrainPriority = Literal["idle", "lane"]
 #: CheckpointManager best_n: keep the lowest ("min") or highest ("max") values of the metric
 BestMode = Literal["min", "max"]
 #: ``CheckpointManager.steps(tier=)``: the steps of one tier of a manager with ``local=``

@@ -36,7 +36,7 @@ from .checkpointer import AsyncCheckpointer
 from .drain import Drained, DrainHost, check_bandwidth, drain_object, drainer_config
 from .engine.monitor import now
 from .errors import AsyncCkptError, ConfigError, IntegrityError, TargetNotFoundError
-from .modes import DrainWhenBusy
+from .modes import DrainPriority, DrainWhenBusy
 from .node.collectives import Collectives
 from .node.launcher import local_rank
 from .owner import Owner, boot_id, host
@@ -162,12 +162,14 @@ class Tiers:
         when_busy: DrainWhenBusy,
         max_queued: int,
         bandwidth: object,
+        priority: DrainPriority = "idle",
         remote_commit_timeout: float = REMOTE_COMMIT_TIMEOUT,
     ) -> None:
         self.host, self.local, self.remote = host, local, remote
         self.keep_local, self.retention = keep_local, retention
         self.when_busy, self.max_queued = when_busy, max_queued
         self.bandwidth = check_bandwidth(bandwidth)
+        self.priority = priority
         self.remote_commit_timeout = remote_commit_timeout
         self.stats = TierStats()
         self._coll: Collectives | None = None
@@ -381,8 +383,9 @@ class Tiers:
         await steps.put_record(self.host, f"{base}/{_draining(name)}", me)
         local = f"{steps.step_uri(self.local, step)}/{name}"
         if self._drainer is None:
-            self._drainer = AsyncCheckpointer(drainer_config(self.host.config))
-            self._drainer.runtime.background = True
+            idle = self.priority == "idle"
+            self._drainer = AsyncCheckpointer(drainer_config(self.host.config, idle=idle))
+            self._drainer.runtime.background = idle
         done = await drain_object(self._drainer, local, f"{base}/{name}", bandwidth=self.bandwidth)
         facts = {
             "object": name,

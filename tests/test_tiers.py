@@ -272,6 +272,7 @@ async def test_steps_lists_both_tiers_or_the_one_asked_for(tmp_path: Path) -> No
         ({"drain_when_busy": "later"}, "drain_when_busy must be one of"),
         ({"drain_bandwidth": -1}, "drain_bandwidth must be a positive number"),
         ({"max_queued_drains": 0}, "max_queued_drains must be a positive integer"),
+        ({"drain_priority": "fast"}, "drain_priority must be one of"),
     ],
 )
 def test_bad_tier_input_is_refused_naming_it(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
@@ -287,6 +288,7 @@ def test_bad_tier_input_is_refused_naming_it(tmp_path: Path, kwargs: dict[str, A
         ({"drain_when_busy": "skip", "max_queued_drains": 3}, "drain_when_busy='skip', max_queued_drains=3"),
         ({"drain_bandwidth": 1e6}, "drain_bandwidth=1000000.0"),
         ({"keep_local": 0}, "keep_local=0"),
+        ({"drain_priority": "lane"}, "drain_priority='lane'"),
     ],
 )
 def test_local_tier_options_without_local_are_refused_naming_them(
@@ -379,13 +381,16 @@ def idle_threads() -> set[int]:
     return {t for t in (int(p.name) for p in Path("/proc/self/task").iterdir()) if is_idle_class(t)}
 
 
+@pytest.mark.parametrize("priority", [None, "idle", "lane"])
 async def test_a_drain_checksums_in_sched_idle_and_leaves_the_saves_threads_as_they_were(
-    tmp_path: Path,
+    tmp_path: Path, priority: str | None
 ) -> None:
-    """A drain is background work: its CPU-only work runs only on CPU other threads leave. The
-    manager's own lane, and dgen-py's process-global pool, keep their priority."""
+    """A drain is background work: by default its CPU-only work runs only on CPU other threads
+    leave (``drain_priority="lane"``: at the lane's niceness). The manager's own lane, and
+    dgen-py's process-global pool, keep their priority."""
     local, remote = tiers_of(tmp_path)
-    async with CheckpointManager(remote, local=local, **OPTIONS) as mgr:
+    chosen = {} if priority is None else {"drain_priority": priority}
+    async with CheckpointManager(remote, local=local, **chosen, **OPTIONS) as mgr:
         await mgr.ckpt.save("null://probe", 8 << 20)  # dgen-py's pool, lowered by the save's lane
         helpers = priorities(helper_threads())
         before = idle_threads()
@@ -393,7 +398,10 @@ async def test_a_drain_checksums_in_sched_idle_and_leaves_the_saves_threads_as_t
         await mgr.wait()
         assert mgr.stats.tiers is not None and mgr.stats.tiers.remote_committed == [1]
         drainer = idle_threads() - before
-        assert drainer, "no thread of the drain ran in SCHED_IDLE"
+        if priority == "lane":
+            assert not drainer, "a drain at the lane's priority ran in SCHED_IDLE"
+        else:
+            assert drainer, "no thread of the drain ran in SCHED_IDLE"
         lane = mgr.ckpt.runtime.cpu_lane
         assert lane is not None and not set(lane.tids()) & drainer  # the saves' lane: not idle
         assert priorities(helper_threads()) == helpers  # dgen-py's pool: as the save left it

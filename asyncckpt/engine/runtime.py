@@ -195,8 +195,14 @@ class Runtime:
         # the class the lane really ran in: dgen-py's pool keeps what an earlier save gave it
         idle = self.config.resolved_cpu_idle or any(i for _, i in priority.priorities(lane))
         if idle and waited > max(STARVED_MIN_S, cpu):
-            if self.background:
-                log.info("a drain's checksums waited %.2f s for a CPU and ran %.2f s", waited, cpu)
+            if self.background:  # by design: the drain gives way to the training
+                log.info(
+                    "a drain's checksums waited %.2f s for a CPU and ran %.2f s: other threads held "
+                    "every CPU; drain_priority='lane' gives the drain a share (niceness %d)",
+                    waited,
+                    cpu,
+                    self.config.resolved_cpu_nice,
+                )
                 return
             log.warning(
                 "the save's fills and checksums waited %.2f s for a CPU and ran %.2f s: other "
