@@ -110,7 +110,7 @@ class Runtime:
     def cpu_lane_used(self) -> bool:
         return self.config.thread_budget == "leave_loop_core"
 
-    def cpu_executor(self, *, helpers: bool = True) -> Executor:
+    def cpu_executor(self, *, helpers: bool) -> Executor:
         """Where fills and checksums run: threads of their own at ``cpu_nice``, with ``cpu_idle``
         in ``SCHED_IDLE``, with ``cpu_pin`` only beside the CPU this (the loop's) thread is on now
         (dgen-py's pool lowered and pinned to match, unless ``helpers`` is False: a save whose

@@ -298,7 +298,8 @@ async def _stage_and_write(
         data = [view[p.data_start : p.size]]
         # the checksum pass is CPU-only background work: on the lowered CPU lane, so the
         # training's own threads keep their cores (asyncckpt.priority)
-        prefix, expected, prepass = await run_blocking(rt.cpu_executor(), finish_header, p, data, chunk)
+        lane = rt.cpu_executor(helpers=False)  # no dgen-py fill here: its pool is left as it is
+        prefix, expected, prepass = await run_blocking(lane, finish_header, p, data, chunk)
         view[: p.data_start] = prefix
         # written from the area itself: no pool copy, and the pre-pass CRCs are the chunks'
         saved = await save_object(
