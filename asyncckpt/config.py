@@ -72,7 +72,7 @@ class CheckpointConfig:
     # those threads in the kernel's SCHED_IDLE class too (asyncckpt.priority), opt-in: a waking
     # loop preempts them at once (p99 lag into a file 2.06 -> 1.08 ms), but one of them holding
     # the GIL while starved stalls the loop (seen beside CPU burners); None: off (a tiered
-    # drain's checkpointer always sets it: asyncckpt.drain.drainer_config)
+    # drain's checkpointer sets it unless drain_priority="lane": asyncckpt.drain)
     cpu_idle: bool | None = None
     # those threads only on the CPUs other than the one the event loop is on when a save starts
     # (asyncckpt.priority): a waking loop then finds its core free (p99 lag into a file 2.08 ->

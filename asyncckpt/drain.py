@@ -11,13 +11,13 @@ header's before the remote object is published; a corrupt local byte fails the d
 offset (:class:`ChecksumMismatchError`) and nothing is published remotely.
 
 A drain is background work beside a training that may use every core, so its checkpointer
-(:func:`drainer_config`) asks for as little as it can: its CPU-only work (the CRC32C of each
-chunk) runs in ``SCHED_IDLE``, on the CPU the training's threads leave, and its loop monitor
-ticks every 0.1 s, not every 5 ms. Each wake-up of a drain thread preempts a training thread,
-and a training whose threads meet at each op waits for the one preempted: with the training
-on both cores of the 2-core VM, the steps beside a drain capped at 100 MB/s ran 5-10 % slower
-than beside none (medians of three runs), 1-3 % with these two settings, for a drain 18 %
-longer (docs/benchmarks.md).
+(:func:`drainer_config`) asks for as little as it can: its loop monitor ticks every 0.1 s, not
+every 5 ms, and by default (``drain_priority="idle"``) its CPU-only work (the CRC32C of each
+chunk) runs in ``SCHED_IDLE``, on the CPU the training's threads leave. Each wake-up of a drain
+thread preempts a training thread, and a training whose threads meet at each op waits for the
+one preempted: with the training on both cores of the 2-core VM, the steps beside a drain
+capped at 100 MB/s ran 4.7-10.3 % slower than beside a sham checkpoint (medians of five runs),
+0.8-2.7 % with these two settings, for a remote commit 0.3-0.5 s later (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -34,9 +34,10 @@ a save that starved so logs a warning). And a starved one that holds the GIL sta
 other Python thread, the event loop included: the GIL is handed to a waiting thread after the
 switch interval, and the loop then waits until the kernel runs the idle one again (with CPU
 burners beside it, a save in the test process stalled the test's own loop in 1 run of 3).
-A tiered drain's checkpointer always uses it (:func:`asyncckpt.drain.drainer_config`): a drain
-is background work, and beside a training on every core the training lost less with it (steps
-1-3 % slower beside a capped drain, 5-10 % without).
+A tiered drain's checkpointer uses it by default (``drain_priority``,
+:func:`asyncckpt.drain.drainer_config`): a drain is background work, and beside a training on
+every core the training lost less with it (steps 0.8-2.7 % slower beside a capped drain,
+4.7-10.3 % without, medians of five runs each).
 
 Niceness can only be raised, and ``SCHED_IDLE`` only entered, by an unprivileged process, so a
 thread is never "restored": that is why this work runs on threads of its own
