@@ -34,7 +34,11 @@ start once every pool is faulted in.
 ``--processes`` runs every rank in its own process, as a job does: one ``torchrun`` job per
 case with as many ranks as the larger side; each pair times both sides between two gloo
 barriers (rank 0's clock), the ranks a side does not use waiting at the barriers. Each rank
-has its own checkpointer, pool and GIL; the ranks share the machine's cores and device.
+has its own checkpointer, pool and GIL; the ranks share the machine's cores and device. Where
+fewer ranks load than saved (4 -> 2, 2 -> 1), a third side is a control: the loading ranks
+load the objects their boxes cover whole, with ``load_state`` one after another, so the
+resharded load is also compared with the same work in as many processes (``ratio_vs_whole``):
+what the resharding costs, apart from how the device serves fewer readers.
 
     python benchmarks/bench_reshard.py --warm --together --pairs 7 # every rank of a load at once
     python benchmarks/bench_reshard.py --warm --processes --pairs 7 # every rank its own process
@@ -253,18 +257,28 @@ async def pool_ready(c: AsyncCheckpointer) -> None:
 
 
 def pair_row(
-    case: str, pair: int, reshard: tuple[int, int, float], same: tuple[int, float]
+    case: str,
+    pair: int,
+    reshard: tuple[int, int, float],
+    same: tuple[int, float],
+    whole: tuple[int, float] | None = None,
 ) -> dict[str, Any]:
-    """One pair's row: bytes read / needed and both sides' throughput (bytes needed / time)."""
+    """One pair's row: bytes read / needed and both sides' throughput (bytes needed / time);
+    with ``whole`` (``--processes``, fewer ranks loading), the control's too."""
     read, needed, secs = reshard
     same_bytes, same_secs = same
     ratio = (needed / secs) / (same_bytes / same_secs)
     row = {"case": case, "pair": pair, "read_over_needed": read / needed}
-    return row | {
+    row |= {
         "reshard_gbps": needed / secs / 1e9,
         "same_gbps": same_bytes / same_secs / 1e9,
         "ratio": ratio,
     }
+    if whole is not None:
+        whole_bytes, whole_secs = whole
+        row["whole_gbps"] = whole_bytes / whole_secs / 1e9
+        row["ratio_vs_whole"] = (needed / secs) / (whole_bytes / whole_secs)
+    return row
 
 
 async def in_this_process(
@@ -309,13 +323,29 @@ def in_processes(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
             ["--load-rank", str(base / f"saved-by-{saved}"), str(saved), str(loaded), str(out)],
         )
         for pair, got in enumerate(json.loads(out.read_text())):
-            rows.append(pair_row(f"{saved}->{loaded}", pair + 1, tuple(got["reshard"]), tuple(got["same"])))
+            whole = tuple(got["whole"]) if got["whole"] is not None else None
+            rows.append(
+                pair_row(f"{saved}->{loaded}", pair + 1, tuple(got["reshard"]), tuple(got["same"]), whole)
+            )
     return rows
 
 
+def whole_objects(rank: int, saved: int, loaded: int) -> range:
+    """The objects a rank of ``loaded`` covers when fewer ranks load than saved (the control's
+    whole-object loads); none otherwise."""
+    if loaded >= saved or saved % loaded or rank >= loaded:
+        return range(0)
+    k = saved // loaded
+    return range(rank * k, (rank + 1) * k)
+
+
 async def load_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
-    """One rank of a ``--processes`` job: both sides of every pair, each between two barriers
-    (the time is rank 0's, from the first barrier to the second); rank 0 returns the pairs."""
+    """One rank of a ``--processes`` job: every side of every pair, each between two barriers
+    (the time is rank 0's, from the first barrier to the second); rank 0 returns the pairs.
+    Where fewer ranks load than saved, a third side is the control: the loading ranks load
+    the objects their boxes cover whole, each with ``load_state`` as a same-world rank does,
+    one after another, so that the resharded load is also compared with the same work
+    done by as many processes."""
     import torch.distributed as dist  # only in the ranks
 
     dist.init_process_group("gloo")
@@ -329,32 +359,40 @@ async def load_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
         into_s = (
             touched(rank_state(shape_list, rank, saved, zero=True)) if args.warm and rank < saved else None
         )
+        objs = whole_objects(rank, saved, loaded)
+        into_w = [touched(rank_state(shape_list, o, saved, zero=True)) if args.warm else None for o in objs]
+        sides = ["reshard", "same"] + (["whole"] if whole_objects(0, saved, loaded) else [])
         async with checkpointer(args) as c:
 
             async def side(which: str) -> tuple[float, list[int]]:
                 dist.barrier()  # blocking on purpose: nothing else runs on this loop meanwhile
                 t0 = time.perf_counter()
-                mine = [0, 0, 0]  # bytes read, bytes needed (resharded); bytes (same world)
+                mine = [0, 0, 0, 0]  # bytes read, needed (resharded); bytes (same world; whole)
                 if which == "reshard" and rank < loaded:
                     mine[:2] = await one_resharded(c, root, rank, loaded, shape_list, into_r)
                 elif which == "same" and rank < saved:
                     mine[2] = await one_same(c, root, rank, saved, into_s)
+                elif which == "whole":
+                    for o, dest in zip(objs, into_w, strict=True):
+                        mine[3] += await one_same(c, root, o, saved, dest)
                 dist.barrier()
                 secs = time.perf_counter() - t0
                 every: list[Any] = [None] * world
                 dist.all_gather_object(every, mine)
-                return secs, [sum(m[i] for m in every) for i in range(3)]
+                return secs, [sum(m[i] for m in every) for i in range(4)]
 
-            await side("reshard"), await side("same")  # untimed: the pool made, the files opened once
+            for which in sides:  # untimed: the pool made, the files opened once
+                await side(which)
             await pool_ready(c)
             dist.barrier()
             pairs = []
             for pair in range(args.pairs):
                 got = {}
-                for which in ("reshard", "same") if pair % 2 == 0 else ("same", "reshard"):
+                for which in sides[pair % len(sides) :] + sides[: pair % len(sides)]:  # rotated
                     got[which] = await side(which)
-                (r_secs, (read, needed, _)), (s_secs, (_, _, nbytes)) = got["reshard"], got["same"]
-                pairs.append({"reshard": [read, needed, r_secs], "same": [nbytes, s_secs]})
+                (r_secs, (read, needed, _, _)), (s_secs, (_, _, nbytes, _)) = got["reshard"], got["same"]
+                whole = [got["whole"][1][3], got["whole"][0]] if "whole" in got else None
+                pairs.append({"reshard": [read, needed, r_secs], "same": [nbytes, s_secs], "whole": whole})
         return pairs if rank == 0 else None
     finally:
         dist.destroy_process_group()
@@ -378,6 +416,9 @@ async def run(args: argparse.Namespace, base: Path) -> tuple[list[dict[str, Any]
                 "read_target": f"<= {READ_TARGET}",
                 "throughput": ratio_verdict(ratios, SPEED_TARGET) if len(ratios) >= 5 else None,
             }
+            vs_whole = [r["ratio_vs_whole"] for r in case_rows if "ratio_vs_whole" in r]
+            if len(vs_whole) >= 5:  # the control: the same ranks loading their objects whole
+                verdicts[f"{saved}->{loaded}"]["vs_whole"] = ratio_verdict(vs_whole, SPEED_TARGET)
         c = await stack.enter_async_context(checkpointer(args))
         verdicts["partial"] = await partial(c, base, shape_list)
     return rows, verdicts
@@ -396,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.target, prefix="bench-reshard-") as tmp:
         rows, verdicts = asyncio.run(run(args, Path(tmp)))
     headers = ["case", "pair", "read_over_needed", "reshard_gbps", "same_gbps", "ratio"]
+    if args.processes:
+        headers += ["whole_gbps", "ratio_vs_whole"]
     meta = {"size": args.size, "tensor": args.tensor, "warm": args.warm, "together": args.together}
     meta["processes"] = args.processes
     meta["verdicts"] = verdicts
