@@ -54,6 +54,7 @@ class Runtime:
         self._cpu: CpuThreads | None = None  # CPU-only work at a lower priority (priority.py)
         self._pinned = False  # whether the last save's CPU-only work ran beside the loop's CPU
         self._late_ticks = 0  # loop-monitor ticks LATE_S late since the lane was last pinned
+        self._helpers = True  # whether the last save's fills ran on dgen-py's pool (its lane)
         self._locks = LoopLocks()
         self.closed = False
         self._stalled = False  # set by the stall watchdog
@@ -118,7 +119,7 @@ class Runtime:
         nice, idle = self.config.resolved_cpu_nice, self.config.resolved_cpu_idle
         executor = self.executor()
         beside = priority.cpus_beside(priority.current_cpu()) if self.config.resolved_cpu_pin else None
-        self._pinned, self._late_ticks = beside is not None, 0
+        self._pinned, self._late_ticks, self._helpers = beside is not None, 0, helpers
         mask = beside or os.sched_getaffinity(0)  # unpinned: every CPU the loop's thread may use
         # dgen-py's pool is process-global: another checkpointer may have pinned it
         if helpers:
@@ -183,8 +184,10 @@ class Runtime:
         return {"cpu_nice": nice, "cpu_idle": idle, "cpu_pinned": self._pinned}
 
     def lane_tids(self) -> tuple[int, ...]:
-        """The threads that run fills and checksums (at a lower priority unless niceness 0)."""
-        return (*(self._cpu.tids() if self._cpu is not None else ()), *helper_threads())
+        """The threads that run fills and checksums (at a lower priority unless niceness 0):
+        dgen-py's pool among them only if the last save's fills used it."""
+        own = self._cpu.tids() if self._cpu is not None else ()
+        return (*own, *(helper_threads() if self._helpers else ()))
 
     def warn_if_starved(self, before: tuple[float, float]) -> None:
         """Say so when ``SCHED_IDLE`` kept the save's fills and checksums waiting for a CPU more

@@ -157,11 +157,11 @@ async def _save(
                 times = await stream_in_place(sink, job)
                 gen_s = sum(r.fill_s for r in times.records)
             elif pool is not None:
-                lane_before = run_queue(rt.lane_tids())
+                lane_executor = rt.cpu_executor(helpers=source.uses_helpers)
+                lane_before = run_queue(rt.lane_tids())  # the threads this save's lane runs on
                 # leave_loop_core: fills and checksums take turns, so the pipeline's
                 # CPU work stays within the generator's threads and the loop keeps a core
                 lane = asyncio.Lock() if rt.cpu_lane_used else None
-                lane_executor = rt.cpu_executor(helpers=source.uses_helpers)
                 times = await stream(
                     source, sink, pool, executor, job, cpu_lane=lane, cpu_executor=lane_executor
                 )
