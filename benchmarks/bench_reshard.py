@@ -57,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +257,12 @@ async def pool_ready(c: AsyncCheckpointer) -> None:
         await pool.faulted()
 
 
+def rotated(sides: Sequence[str], pair: int) -> list[str]:
+    """The order of the sides in pair ``pair``: each side first in turn."""
+    k = pair % len(sides)
+    return [*sides[k:], *sides[:k]]
+
+
 def pair_row(
     case: str,
     pair: int,
@@ -301,9 +308,8 @@ async def in_this_process(
             for c in cs:
                 await pool_ready(c)
         for pair in range(args.pairs):
-            order = ("reshard", "same") if pair % 2 == 0 else ("same", "reshard")
             got: dict[str, Any] = {}
-            for which in order:
+            for which in rotated(("reshard", "same"), pair):
                 if which == "reshard":
                     got["reshard"] = await resharded(cs, step, loaded, shape_list, warm.get("reshard"))
                 else:  # the same step, loaded by the world size that saved it
@@ -388,7 +394,7 @@ async def load_rank(args: argparse.Namespace) -> list[dict[str, Any]] | None:
             pairs = []
             for pair in range(args.pairs):
                 got = {}
-                for which in sides[pair % len(sides) :] + sides[: pair % len(sides)]:  # rotated
+                for which in rotated(sides, pair):
                     got[which] = await side(which)
                 (r_secs, (read, needed, _, _)), (s_secs, (_, _, nbytes, _)) = got["reshard"], got["same"]
                 whole = [got["whole"][1][3], got["whole"][0]] if "whole" in got else None
