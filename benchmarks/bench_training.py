@@ -38,7 +38,7 @@ dependencies; docs/benchmarks.md says how); without them the row is skipped with
 
     python benchmarks/bench_training.py [--state-size 256MiB] [--repeats 3] [--dir /var/tmp]
         [--train-threads N] [--tiered-server files] [--drain-bandwidth 100MB] [--sham]
-        [--server-cpus 1]
+        [--server-cpus 1] [--train-cpus 0]
 """
 
 from __future__ import annotations
@@ -434,6 +434,22 @@ def _tensors(state: Any) -> list[Any]:
     return [t for t in leaves(state) if t.numel() > 1]
 
 
+def cpu_list(text: str) -> list[int]:
+    """``--server-cpus`` / ``--train-cpus``: CPUs this process may run on, comma-separated."""
+    try:
+        cpus = sorted({int(c) for c in text.split(",")})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected CPU numbers separated by commas, got {text!r}") from None
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not set(cpus) <= allowed:
+        raise argparse.ArgumentTypeError(f"{text!r}: this process may run on CPUs {sorted(allowed)} only")
+    return cpus
+
+
+async def started_checkpointer(_: Any) -> None:
+    """A job that only starts a checkpointer thread (and its checkpointer)."""
+
+
 def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
     import torch
 
@@ -450,6 +466,10 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
         (root / "remote").mkdir()
         remote = str(root / "remote")
     method = Method(name, args.chunk_size, args.num_buffers, remote, args.drain_bandwidth)
+    if args.train_cpus:  # this thread only (Linux affinity is per thread): pinned after the
+        if method.thread is not None:  # checkpointer's thread started, which keeps every CPU
+            method.thread.run(started_checkpointer)
+        os.sched_setaffinity(0, args.train_cpus)
     steps: list[tuple[float, bool]] = []  # (seconds, a background write was in flight)
     moments: list[tuple[int, bool]] = []  # (index into steps, real) of each checkpoint moment
     blocked: list[float] = []
@@ -781,10 +801,18 @@ def main() -> None:
     )
     p.add_argument(
         "--server-cpus",
-        type=lambda v: sorted({int(c) for c in v.split(",")}),
+        type=cpu_list,
         default=None,
         help="save_state_tiered: the CPUs the embedded server may run on (for example 1), as a "
         "store on other machines would take none of the training's; default: every CPU",
+    )
+    p.add_argument(
+        "--train-cpus",
+        type=cpu_list,
+        default=None,
+        help="the CPUs the training's thread runs on (for example 0, beside --server-cpus 1 and "
+        "--train-threads 1: a node whose store is on other machines); the checkpoint's threads "
+        "keep every CPU; default: every CPU",
     )
     p.add_argument("--tiered-remote", help=argparse.SUPPRESS)  # set by the parent for its children
     p.add_argument("--child", help=argparse.SUPPRESS)
