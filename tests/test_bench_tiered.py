@@ -29,6 +29,13 @@ def test_a_tiered_run_reports_local_and_remote_durable_and_drain_rate(tmp_path: 
     )
     doc = json.loads(out.read_text())
     assert doc["mode"] == "tiered" and doc["summary"]["remote_committed"] == 2
+    median = next(line.split() for line in proc.stdout.splitlines() if line.startswith("median"))
+    summary = doc["summary"]  # the row a report quotes: the JSON's medians, as printed
+    assert [float(v) for v in median[1:4]] == [
+        round(summary[k], 3)
+        for k in ("local_commit_s_median", "remote_commit_s_median", "drain_gb_per_s_median")
+    ]
+    assert median[4:] == ["2", "of", "2", "remote-committed"]
     for step in doc["steps"]:
         assert step["state"] == "remote-committed" and step["bytes_drained"] >= 3 << 20
         assert step["remote_commit_s"] >= step["local_commit_s"] > 0 and step["drain_gb_per_s"] > 0

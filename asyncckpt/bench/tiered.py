@@ -4,7 +4,8 @@ A synthetic state of ``--size`` bytes (one array of seeded random bytes, made be
 is timed) is saved ``--repeat`` times as steps of a tiered :class:`CheckpointManager`: each
 commits under ``DIR``, then drains to ``TARGET`` (a directory or ``s3://bucket/prefix``). The
 report gives, per step, the time to local durable (the save's start to its local commit), the
-time to remote durable (to its remote commit) and the drain's throughput. Both roots must hold
+time to remote durable (to its remote commit) and the drain's throughput, and their medians
+over the steps that were remote-committed (what a report quotes). Both roots must hold
 no steps yet (nothing the bench did not create is overwritten); the steps it wrote are removed
 afterwards unless ``--keep``.
 """
@@ -56,9 +57,9 @@ class TieredReport:
 
     @property
     def text(self) -> str:
-        rows = [
+        rows: list[tuple[str, ...]] = [
             (
-                s.step,
+                str(s.step),
                 _s(s.local_commit_s),
                 _s(s.remote_commit_s),
                 f"{s.bytes_drained / 1e9:.3f}",
@@ -67,6 +68,19 @@ class TieredReport:
             )
             for s in self.steps
         ]
+        summary = self.summary()
+        if summary["remote_committed"] > 1:  # what a report quotes: the median over the steps
+            done = f"{summary['remote_committed']:.0f} of {summary['steps']:.0f} remote-committed"
+            rows.append(
+                (
+                    "median",
+                    _s(summary["local_commit_s_median"]),
+                    _s(summary["remote_commit_s_median"]),
+                    "",
+                    f"{summary['drain_gb_per_s_median']:.3f}",
+                    done,
+                )
+            )
         headers = ("step", "local durable s", "remote durable s", "drained GB", "drain GB/s", "state")
         head = f"tiered: {self.plan.size} B per step, local {self.plan.local} -> remote {self.plan.remote}"
         return head + "\n" + format_table(headers, rows)
