@@ -95,7 +95,9 @@ async def test_default_save_keeps_writes_in_flight(disk_path: Path) -> None:
 
 async def test_default_load_keeps_reads_in_flight(disk_path: Path) -> None:
     cfg = CheckpointConfig()
-    chunks = 2 * FILE_IN_FLIGHT
+    # four rounds of reads: with two, a first read that ended before the last reader of the
+    # first round started (a cold start, seen in 1 run of 8 here) left the peak at 3
+    chunks = 4 * FILE_IN_FLIGHT
     target = disk_path / "defaults.ckpt"
     async with AsyncCheckpointer() as ckpt:
         await ckpt.save(target, chunks * cfg.chunk_size)
