@@ -14,7 +14,10 @@ A torch MLP trained with Adam (model + optimizer state ≈ ``--state-size``) che
   after the sham one that follows it, minus 1. The plain ``slowdown`` compares a checkpoint's
   early steps with its late ones, and on this VM a step's time also depends on where it falls
   in the interval (with one training thread, steps beside a capped drain ran 1-20 % *faster*
-  than the later, quiet ones), which the sham interval cancels;
+  than the later, quiet ones), which the sham interval cancels. For ``no_checkpoint`` (the
+  control: no moment saves anything) it compares every step after one sham moment with the
+  step at the same offset after the next: the figure a write that costs nothing would get, the
+  noise floor of this machine and repeat count;
 - ``GB/s``: state bytes / (checkpoint start → durable) — fsync'd files for every method;
 - ``peak over training``: peak RSS (VmHWM) at the end minus the peak before the first checkpoint;
   ``over control``: that minus the same figure of ``no_checkpoint`` (the same loop saving
@@ -587,7 +590,7 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
     quiet = [s for s, busy in steps[args.warmup :] if not busy]
     busy = [s for s, b in steps[args.warmup :] if b]
-    beside, sham = versus_sham(steps, moments) if args.sham else ([], [])
+    beside, sham = versus_sham(steps, moments, control=name == "no_checkpoint") if args.sham else ([], [])
     return {
         "method": name,
         "state_bytes": nbytes,
@@ -618,17 +621,19 @@ def run_method(args: argparse.Namespace, name: str) -> dict[str, Any]:
 
 
 def versus_sham(
-    steps: list[tuple[float, bool]], moments: list[tuple[int, bool]]
+    steps: list[tuple[float, bool]], moments: list[tuple[int, bool]], *, control: bool = False
 ) -> tuple[list[float], list[float]]:
     """The steps a real checkpoint's write overlapped, and the steps at the same offsets after
-    the sham moment that follows it (only where that sham interval is whole)."""
+    the sham moment that follows it (only where that sham interval is whole). ``control``
+    (``no_checkpoint``, whose "real" moments save nothing either): every step of the interval,
+    sham against sham, the measurement's own noise floor."""
     beside: list[float] = []
     sham: list[float] = []
     for (at, real), (then, then_real), (end, _) in zip(moments, moments[1:], moments[2:], strict=False):
         if not real or then_real:  # a real moment followed by its sham
             continue
         for k in range(min(then - at, end - then)):
-            if steps[at + k][1]:  # a write in flight beside this step
+            if control or steps[at + k][1]:  # a write in flight beside this step
                 beside.append(steps[at + k][0])
                 sham.append(steps[then + k][0])
     return beside, sham
