@@ -83,3 +83,27 @@ async def test_a_read_waiting_on_storage_leaves_the_cpu_lane_to_the_checksums(tm
                 expect_crc32c=chunk_crcs(data, MiB),
             )
     assert (tmp_path / "copy.bin").read_bytes() == data
+
+
+async def test_a_chunk_held_by_its_read_is_labelled_read_not_generation(tmp_path: Path) -> None:
+    """A drain's fill is the read of the object it copies: where that read is the slow stage,
+    the result says "Read" (and its text "Source read"), never "Generation"."""
+    data = os.urandom(3 * MiB)
+    plain = reading(data)
+
+    async def slow_storage(offset: int, view: memoryview) -> int:
+        await asyncio.sleep(0.05)  # a slow store's latency per read, not a synchronisation
+        return await plain(offset, view)
+
+    async with AsyncCheckpointer(**OPTIONS) as ckpt:
+        result = await ckpt.save(
+            tmp_path / "copy.bin",
+            len(data),
+            data=ReadFrom(slow_storage, "local/obj"),
+            expect_crc32c=chunk_crcs(data, MiB),
+        )
+    counts = result.bottleneck_counts
+    assert set(counts) == {"I/O", "Read"} and sum(counts.values()) == 3  # no "Generation"
+    assert counts["Read"] >= 1  # each read waits 50 ms; a 1 MiB write takes a few
+    text = str(result)
+    assert "Source read:" in text and "Generation:" not in text

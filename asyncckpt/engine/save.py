@@ -18,7 +18,7 @@ from .. import modes
 from ..config import validate_size
 from ..cpu import run_queue
 from ..errors import ConfigError, SourceChangedError
-from ..results.metrics import ChunkRecord, label_chunks
+from ..results.metrics import GENERATION, READ, ChunkRecord, label_chunks
 from ..results.records import RunSetup, SaveResult
 from ..sinks.base import Sink
 from ..sinks.commit import commit, note_publication
@@ -244,9 +244,9 @@ def _result(
     stages = {"generation": source.cpu_s} | (
         {"checksum": sum(r.checksum_cpu_s for r in recs)} if cfg.checksums else {}
     )
-    run = run_fields(
-        setup, rt.budget, snk, monitor, recs, label_chunks(recs, in_flight, close_s), span, stages
-    )
+    fill = GENERATION if source.uses_cpu else READ  # a reading source's fill waits on storage
+    counts = label_chunks(recs, in_flight, close_s, fill=fill)
+    run = run_fields(setup, rt.budget, snk, monitor, recs, counts, span, stages)
     return SaveResult.from_records(recs, gen_s=gen_s, integrity=cfg.integrity, **run)
 
 

@@ -16,6 +16,7 @@ from typing import NamedTuple, Protocol
 from ..deprecated import Renamed
 
 GENERATION = "Generation"
+READ = "Read"  # a fill that reads another tier's object (a drain), not CPU work
 IO = "I/O"
 CHECKSUM = "Checksum"
 CONSUMER = "Consumer"  # loads: verification and the caller
@@ -129,7 +130,9 @@ def notify_progress(progress: Callable[[int], None], rec: ChunkRecord | ReadReco
         chunk(rec)
 
 
-def label_chunks(records: Sequence[ChunkRecord], parallel_writes: int, tail_s: float = 0.0) -> dict[str, int]:
+def label_chunks(
+    records: Sequence[ChunkRecord], parallel_writes: int, tail_s: float = 0.0, *, fill: str = GENERATION
+) -> dict[str, int]:
     """Label each chunk with the slowest stage; return the counts.
 
     With ``parallel_writes`` writes in flight the storage side serves one chunk every
@@ -141,12 +144,15 @@ def label_chunks(records: Sequence[ChunkRecord], parallel_writes: int, tail_s: f
     an fsync of buffered writes), is storage time the writes did not wait for: each chunk's
     share of it counts as its I/O. Without it a save to s3dlio, whose writes only hand parts
     over, was labelled generation-bound while its upload took 40 times the generation.
+
+    ``fill`` names the filling stage: :data:`READ` where the source reads stored bytes (a
+    drain's chunk held by its local read is not generation-bound).
     """
-    counts = {IO: 0, GENERATION: 0}
+    counts = {IO: 0, fill: 0}
     tail = tail_s / len(records) if records else 0.0
     for rec in records:
         stages = {
-            GENERATION: rec.fill_s,
+            fill: rec.fill_s,
             IO: rec.write_s / parallel_writes + tail,
             CHECKSUM: rec.checksum_s / parallel_writes,
         }

@@ -378,6 +378,13 @@ def _checksum_line(r: SaveResult, d: Mapping[str, Any]) -> str:
     return f"Checksum:          {r.checksum_s:.3f} s @ {gbps(d['checksum_bps'])}  (CRC32C, beside each write)"
 
 
+def _fill_line(r: SaveResult, d: dict[str, Any]) -> str:
+    """The fill's time: generation, or (a drain's source) the read of the object copied."""
+    if r.metadata.generator == "reader":
+        return f"Source read:       {r.gen_s:.3f} s @ {gbps(d['gen_bps'])}  (the object copied)"
+    return f"Generation:        {r.gen_s:.3f} s @ {gbps(d['gen_bps'])}  (pure fill time)"
+
+
 def _save_text(r: SaveResult) -> str:
     """The results block of one save: generation, checksums and writes kept apart."""
     m = r.metadata
@@ -396,7 +403,7 @@ def _save_text(r: SaveResult) -> str:
         RULE,
         _throughput_line(r),
         _setup_line(r),
-        f"Generation:        {r.gen_s:.3f} s @ {gbps(d['gen_bps'])}  (pure fill time)",
+        _fill_line(r, d),
         _checksum_line(r, d),
         f"I/O:               {r.io_s:.3f} s @ {gbps(d['io_bps'])}",
         f"  - write:         {r.write_s:.3f} s",
