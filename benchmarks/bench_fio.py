@@ -31,6 +31,13 @@ only; it affects everything else on the machine, so it is off by default).
     python benchmarks/bench_fio.py --size 2GiB --pairs 7 --dir /var/tmp
     python benchmarks/bench_fio.py --size 256MiB --pairs 5 --depths 1,4   # a quick look
     python benchmarks/bench_fio.py --size 2GiB --max-in-flight 1   # how the old default compares
+    python benchmarks/bench_fio.py --size 2GiB --engines libaio --depths 7 --write-loop
+
+``--write-loop`` adds a third arm to each save pair: a plain loop of the save's O_DIRECT writes
+(as many in flight, from a pool-like area, no generation, checksums or rename), timed like the
+save. In the same minute as fio, loop / fio is the device (and the write path) alone and
+save / loop what the save adds to its writes, so a device in a fast or slow phase is told
+apart from the save's own cost.
 
 Prints progress on stderr, then a table and one JSON document. Exit status 2 when fio is not
 installed, 1 when no fio configuration ran, 128 + N when stopped by signal N.
@@ -42,18 +49,21 @@ import argparse
 import asyncio
 import contextlib
 import json
+import mmap
 import os
 import shutil
 import signal
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
-from _common import directory, emit, ratio_verdict
+from _common import directory, emit, ratio_verdict, rotation
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.config import CheckpointConfig
@@ -360,6 +370,53 @@ async def sweep(
     return best
 
 
+@dataclass
+class WriteLoop:
+    """``--write-loop``: the save's writes without the save, timed like it (open with
+    fallocate to fsync'd). Synchronous O_DIRECT ``pwrite``s of ``block`` bytes on ``threads``
+    threads (the save's writes in flight), from an area like the pool (transparent huge pages,
+    random bytes written once): no generation, no checksum, no manifest, no rename. Beside fio
+    in the same minute it splits the device's drift (loop ÷ fio) from what the save adds to its
+    writes (save ÷ loop)."""
+
+    size: int
+    block: int
+    threads: int
+    area_bytes: int
+
+    def __post_init__(self) -> None:
+        self.area = mmap.mmap(-1, self.area_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        with contextlib.suppress(AttributeError, OSError):  # no THP here: 4 KiB pages, said in the JSON
+            self.area.madvise(mmap.MADV_HUGEPAGE)
+        view = memoryview(self.area)
+        for at in range(0, self.area_bytes, self.block):
+            view[at : at + self.block] = os.urandom(self.block)
+        self.buffers = [view[at : at + self.block] for at in range(0, self.area_bytes, self.block)]
+
+    def run(self, path: Path) -> float:
+        """One file of ``size`` bytes written and fsync'd; bytes/s, open to fsync."""
+        unlink(path)
+        start = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, self.size)
+
+            def write(k: int) -> None:
+                offset = k * self.block
+                view = self.buffers[k % len(self.buffers)][: min(self.block, self.size - offset)]
+                if os.pwrite(fd, view, offset) != len(view):
+                    raise OSError(f"short write at offset {offset} of {path}")
+
+            with ThreadPoolExecutor(self.threads, thread_name_prefix="write-loop") as pool:
+                list(pool.map(write, range(-(-self.size // self.block))))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        seconds = time.perf_counter() - start
+        unlink(path)
+        return self.size / seconds
+
+
 def fio_config(cfg: dict[str, Any]) -> str:
     return f"fio {cfg['engine']} depth {cfg['depth']} {cfg['iomem']}"
 
@@ -413,11 +470,17 @@ class Measured:
     loads: list[RunResult] = field(default_factory=list)
     fio_w: list[float] = field(default_factory=list)
     fio_r: list[float] = field(default_factory=list)
+    loops: list[float] = field(default_factory=list)  # --write-loop, bytes/s per pair
     facts: dict[str, Any] = field(default_factory=dict)
 
 
 async def measure(
-    args: argparse.Namespace, fio: Fio, ckpt: AsyncCheckpointer, directory: Path, huge: HugePages
+    args: argparse.Namespace,
+    fio: Fio,
+    ckpt: AsyncCheckpointer,
+    directory: Path,
+    huge: HugePages,
+    loop: WriteLoop | None = None,
 ) -> Measured:
     """The sweep, then the alternating pairs of fio's best and asyncckpt's default save/load."""
     m = Measured()
@@ -448,16 +511,43 @@ async def measure(
         m.facts["read_direct_io"] = result.metadata.direct_io_reason
         m.facts["load_verified"] = not args.no_verify
 
+    writes = [fio_save, ckpt_save]
+    if loop is not None:
+        loop_path = directory / "loop.bin"
+
+        async def loop_write() -> None:
+            m.loops.append(await asyncio.to_thread(loop.run, loop_path))
+
+        writes.append(loop_write)
     for i in range(args.pairs):
         say(f"pair {i + 1} of {args.pairs}")
         fio_first = i % 2 == 0  # the order flips every round: drift favours neither side
-        for step in (fio_save, ckpt_save) if fio_first else (ckpt_save, fio_save):
-            await step()
+        order = rotation(len(writes), i) if loop is not None else [0, 1] if fio_first else [1, 0]
+        for k in order:
+            await writes[k]()
         for step in (fio_load, ckpt_load) if fio_first else (ckpt_load, fio_load):
             await step()
-        m.rows.append(pair_row(i, "save", bw, fio_first, m.fio_w[-1], m.saves[-1]))
+        fio_before_save = order.index(0) < order.index(1)
+        m.rows.append(pair_row(i, "save", bw, fio_before_save, m.fio_w[-1], m.saves[-1]))
         m.rows.append(pair_row(i, "load", br, fio_first, m.fio_r[-1], m.loads[-1]))
+        if loop is not None:
+            m.rows.append(loop_row(i, bw, m.fio_w[-1], m.loops[-1], m.saves[-1]))
     return m
+
+
+def loop_row(
+    i: int, fio_cfg: dict[str, Any], fio_bps: float, loop_bps: float, save: RunResult
+) -> dict[str, Any]:
+    """``--write-loop``'s line of a pair: the loop beside fio, and the save beside the loop."""
+    return {
+        "phase": f"pair {i + 1}",
+        "op": "write loop",
+        "config": f"{fio_config(fio_cfg)}; the loop in the asyncckpt column",
+        "fio_GBps": fio_bps / 1e9,
+        "asyncckpt_GBps": loop_bps / 1e9,
+        "ratio": loop_bps / fio_bps,
+        "note": f"save / loop {save.throughput_bps / loop_bps:.3f}",
+    }
 
 
 def ratios(ours: list[RunResult], fio_bps: list[float]) -> list[float]:
@@ -478,15 +568,42 @@ async def run(args: argparse.Namespace, binary: str, directory: Path) -> dict[st
         first = await ckpt.save(ckpt_path, args.size)
         facts: dict[str, Any] = {"writes_in_flight": first.metadata.max_in_flight}
         facts["direct_io"] = first.metadata.direct_io_reason
+        loop = None
+        if args.write_loop:
+            in_flight = first.metadata.max_in_flight
+            loop = WriteLoop(args.size, config.chunk_size, in_flight, config.pool_bytes)
         # huge pages are reserved for the fio measurements only, and given back however they end
         with reserved_huge_pages(args.huge_pages, config.chunk_size, max(args.depths)) as huge:
             fio = Fio(binary, args.size, config.chunk_size, args.drop_caches, huge.page_bytes)
-            m = await measure(args, fio, ckpt, directory, huge)
+            m = await measure(args, fio, ckpt, directory, huge, loop)
     unlink(ckpt_path)
+    loop_facts: dict[str, Any] = {}
+    if loop is not None:
+        loop_facts["write_loop"] = {
+            "threads": loop.threads,
+            "area_bytes": loop.area_bytes,
+            "loop_vs_fio": ratio_verdict([a / f for a, f in zip(m.loops, m.fio_w, strict=True)], TARGET),
+            "save_vs_loop": ratio_verdict(
+                [s.throughput_bps / a for s, a in zip(m.saves, m.loops, strict=True)], TARGET
+            ),
+        }
     save_verdict = ratio_verdict(ratios(m.saves, m.fio_w), TARGET)
     load_verdict = ratio_verdict(ratios(m.loads, m.fio_r), TARGET)
     shown = {**tuning, "verify": False} if args.no_verify else tuning
     rows = [huge.row(), *m.rows, *verdict_rows(save_verdict, load_verdict, tuning, shown)]
+    for op, split in loop_facts.get("write_loop", {}).items():
+        if isinstance(split, dict):  # the two splits, not the loop's facts
+            low, high = split["ci95"]
+            what = "the device's drift" if op == "loop_vs_fio" else "what the save adds to its writes"
+            rows.append(
+                {
+                    "phase": "split",
+                    "op": op.replace("_vs_", " / "),
+                    "config": f"median of {split['pairs']}, 95 % CI {low:.3f}-{high:.3f}",
+                    "ratio": split["median_ratio"],
+                    "note": what,
+                }
+            )
     return {
         "rows": rows,
         "extra": {
@@ -509,6 +626,7 @@ async def run(args: argparse.Namespace, binary: str, directory: Path) -> dict[st
             "drop_caches": bool(args.drop_caches),
             "save": save_verdict,
             "load": load_verdict,
+            **loop_facts,
         },
     }
 
@@ -584,6 +702,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="load without checking the CRC32C (verify=False), to price the check against fio, "
         "which checks nothing; the verdict is then marked as not the defaults",
+    )
+    p.add_argument(
+        "--write-loop",
+        action="store_true",
+        help="also time, in each pair, a plain loop of the save's O_DIRECT writes (as many in "
+        "flight, from a pool-like area, no generation or checksums): loop / fio is the device's "
+        "drift, save / loop what the save adds to its writes",
     )
     p.add_argument(
         "--drop-caches",

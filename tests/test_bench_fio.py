@@ -111,6 +111,29 @@ def test_small_run_reports_verdicts_for_the_defaults(disk_path: Path) -> None:
     assert list(disk_path.iterdir()) == []  # its temporary directory and files are gone
 
 
+def test_write_loop_splits_the_devices_drift_from_the_saves_own_cost(disk_path: Path) -> None:
+    """``--write-loop``: each pair also times a plain loop of the save's writes (as many in
+    flight), and the JSON and table give loop / fio and save / loop pair by pair."""
+    needs_fio()
+    args = ["--size", "32MiB", "--pairs", "5", "--engines", "libaio", "--depths", "1", "--sweep-reps", "1"]
+    proc = run(*args, "--no-huge-pages", "--write-loop", "--dir", str(disk_path))
+    assert proc.returncode == 0, proc.stderr
+    doc = document(proc.stdout)
+    loop = doc["write_loop"]
+    assert loop["threads"] == doc["asyncckpt"]["writes_in_flight"]
+    assert loop["area_bytes"] == doc["asyncckpt"]["pool_bytes"]
+    rows = [r for r in doc["rows"] if r["op"] == "write loop"]
+    assert len(rows) == 5
+    for split in ("loop_vs_fio", "save_vs_loop"):
+        assert len(loop[split]["ratios"]) == 5 and all(r > 0 for r in loop[split]["ratios"])
+    saves = [r for r in doc["rows"] if r["op"] == "save" and r["phase"].startswith("pair")]
+    for row, save in zip(rows, saves, strict=True):  # one loop per pair, beside that pair's fio
+        assert row["fio_GBps"] == save["fio_GBps"]
+        assert row["ratio"] == pytest.approx(row["asyncckpt_GBps"] / row["fio_GBps"])
+    assert {r["op"] for r in doc["rows"] if r["phase"] == "split"} == {"loop / fio", "save / loop"}
+    assert list(disk_path.iterdir()) == []  # the loop's file is gone too
+
+
 def test_huge_page_arm_runs_and_nr_hugepages_is_restored(disk_path: Path, previous_hugepages: int) -> None:
     segments = shm_segments()
     args = ["--size", "64MiB", "--pairs", "5", "--engines", "libaio", "--depths", "2", "--sweep-reps", "1"]
