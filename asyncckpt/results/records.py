@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Self
 
 from ..deprecated import Renamed
-from .metrics import ChunkRecord, Percentiles, ReadRecord, busy_time, percentiles
+from .metrics import READ, ChunkRecord, Percentiles, ReadRecord, busy_time, percentiles
 from .schema import SCHEMA_VERSION
 from .text import RULE, format_endpoints, gbps, gib, mib, ms
 
@@ -379,8 +379,9 @@ def _checksum_line(r: SaveResult, d: Mapping[str, Any]) -> str:
 
 
 def _fill_line(r: SaveResult, d: dict[str, Any]) -> str:
-    """The fill's time: generation, or (a drain's source) the read of the object copied."""
-    if r.metadata.generator == "reader":
+    """The fill's time: generation, or (a drain's source) the read of the object copied, as
+    the chunks' labels say (one decision, made where they were labelled)."""
+    if READ in r.bottleneck_counts:
         return f"Source read:       {r.gen_s:.3f} s @ {gbps(d['gen_bps'])}  (the object copied)"
     return f"Generation:        {r.gen_s:.3f} s @ {gbps(d['gen_bps'])}  (pure fill time)"
 
