@@ -386,8 +386,10 @@ class WriteLoop:
 
     def __post_init__(self) -> None:
         self.area = mmap.mmap(-1, self.area_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        with contextlib.suppress(AttributeError, OSError):  # no THP here: 4 KiB pages, said in the JSON
+        self.huge_pages_advised = False  # no THP here: 4 KiB pages (the JSON says which)
+        with contextlib.suppress(AttributeError, OSError):
             self.area.madvise(mmap.MADV_HUGEPAGE)
+            self.huge_pages_advised = True
         view = memoryview(self.area)
         for at in range(0, self.area_bytes, self.block):
             view[at : at + self.block] = os.urandom(self.block)
@@ -446,18 +448,25 @@ def verdict_rows(
 ) -> list[dict[str, Any]]:
     rows = []
     for op, verdict, tuned in (("save", save_verdict, tuning), ("load", load_verdict, load_tuning)):
-        low, high = verdict["ci95"]
         note = f"{verdict['verdict']} (target {verdict['target']})"
         rows.append(
-            {
-                "phase": "verdict",
-                "op": op,
-                "config": f"median of {verdict['pairs']}, 95 % CI {low:.3f}-{high:.3f}",
-                "ratio": verdict["median_ratio"],
-                "note": note + (f", TUNED {tuned}, not the defaults" if tuned else ""),
-            }
+            verdict_row(
+                "verdict", op, verdict, note + (f", TUNED {tuned}, not the defaults" if tuned else "")
+            )
         )
     return rows
+
+
+def verdict_row(phase: str, op: str, verdict: dict[str, Any], note: str) -> dict[str, Any]:
+    """A table line of one ratio verdict: its median, 95 % interval and ``note``."""
+    low, high = verdict["ci95"]
+    return {
+        "phase": phase,
+        "op": op,
+        "config": f"median of {verdict['pairs']}, 95 % CI {low:.3f}-{high:.3f}",
+        "ratio": verdict["median_ratio"],
+        "note": note,
+    }
 
 
 @dataclass
@@ -522,7 +531,7 @@ async def measure(
     for i in range(args.pairs):
         say(f"pair {i + 1} of {args.pairs}")
         fio_first = i % 2 == 0  # the order flips every round: drift favours neither side
-        order = rotation(len(writes), i) if loop is not None else [0, 1] if fio_first else [1, 0]
+        order = rotation(len(writes), i)  # two arms: fio first in even rounds, as the loads
         for k in order:
             await writes[k]()
         for step in (fio_load, ckpt_load) if fio_first else (ckpt_load, fio_load):
@@ -577,33 +586,23 @@ async def run(args: argparse.Namespace, binary: str, directory: Path) -> dict[st
             fio = Fio(binary, args.size, config.chunk_size, args.drop_caches, huge.page_bytes)
             m = await measure(args, fio, ckpt, directory, huge, loop)
     unlink(ckpt_path)
+    splits: dict[str, dict[str, Any]] = {}
     loop_facts: dict[str, Any] = {}
     if loop is not None:
-        loop_facts["write_loop"] = {
-            "threads": loop.threads,
-            "area_bytes": loop.area_bytes,
-            "loop_vs_fio": ratio_verdict([a / f for a, f in zip(m.loops, m.fio_w, strict=True)], TARGET),
-            "save_vs_loop": ratio_verdict(
-                [s.throughput_bps / a for s, a in zip(m.saves, m.loops, strict=True)], TARGET
-            ),
-        }
+        splits["loop_vs_fio"] = ratio_verdict([a / f for a, f in zip(m.loops, m.fio_w, strict=True)], TARGET)
+        splits["save_vs_loop"] = ratio_verdict(
+            [s.throughput_bps / a for s, a in zip(m.saves, m.loops, strict=True)], TARGET
+        )
+        facts_of_loop = {"threads": loop.threads, "area_bytes": loop.area_bytes}
+        facts_of_loop["huge_pages_advised"] = loop.huge_pages_advised
+        loop_facts["write_loop"] = {**facts_of_loop, **splits}
     save_verdict = ratio_verdict(ratios(m.saves, m.fio_w), TARGET)
     load_verdict = ratio_verdict(ratios(m.loads, m.fio_r), TARGET)
     shown = {**tuning, "verify": False} if args.no_verify else tuning
     rows = [huge.row(), *m.rows, *verdict_rows(save_verdict, load_verdict, tuning, shown)]
-    for op, split in loop_facts.get("write_loop", {}).items():
-        if isinstance(split, dict):  # the two splits, not the loop's facts
-            low, high = split["ci95"]
-            what = "the device's drift" if op == "loop_vs_fio" else "what the save adds to its writes"
-            rows.append(
-                {
-                    "phase": "split",
-                    "op": op.replace("_vs_", " / "),
-                    "config": f"median of {split['pairs']}, 95 % CI {low:.3f}-{high:.3f}",
-                    "ratio": split["median_ratio"],
-                    "note": what,
-                }
-            )
+    for op, split in splits.items():
+        what = "the device's drift" if op == "loop_vs_fio" else "what the save adds to its writes"
+        rows.append(verdict_row("split", op.replace("_vs_", " / "), split, what))
     return {
         "rows": rows,
         "extra": {

@@ -122,6 +122,7 @@ def test_write_loop_splits_the_devices_drift_from_the_saves_own_cost(disk_path: 
     loop = doc["write_loop"]
     assert loop["threads"] == doc["asyncckpt"]["writes_in_flight"]
     assert loop["area_bytes"] == doc["asyncckpt"]["pool_bytes"]
+    assert isinstance(loop["huge_pages_advised"], bool)
     rows = [r for r in doc["rows"] if r["op"] == "write loop"]
     assert len(rows) == 5
     for split in ("loop_vs_fio", "save_vs_loop"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ pytest.importorskip("torch")
 SCRIPT = ROOT / "benchmarks" / "bench_training.py"
 
 
-def test_no_checkpoint_gives_the_sham_noise_floor(tmp_path: Any) -> None:
+def test_no_checkpoint_gives_the_sham_noise_floor(tmp_path: Path) -> None:
     every, checkpoints = 8, 2
     cmd = [
         *(sys.executable, str(SCRIPT), "--state-size", "4MiB", "--every", str(every)),
