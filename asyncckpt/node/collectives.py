@@ -44,11 +44,16 @@ class _Ops:
     broadcast: Callable[[Any, int], Any]
     all_gather: Callable[[Any], list[Any]]
     dup: Callable[[], _Ops]  # collective: the same ranks over a second, independent channel
+    sendrecv: Callable[[memoryview | None, int, memoryview | None, int], None]
 
 
 def _single() -> _Ops:
     return _Ops(
-        barrier=lambda: None, broadcast=lambda obj, src: obj, all_gather=lambda obj: [obj], dup=_single
+        barrier=lambda: None,
+        broadcast=lambda obj, src: obj,
+        all_gather=lambda obj: [obj],
+        dup=_single,
+        sendrecv=Comm().sendrecv,
     )
 
 
@@ -58,6 +63,7 @@ def _comm_ops(comm: Comm) -> _Ops:
         broadcast=lambda obj, src: comm.bcast(obj, src),
         all_gather=comm.allgather,
         dup=lambda: _comm_ops(comm.dup()),
+        sendrecv=comm.sendrecv,
     )
 
 
@@ -103,6 +109,19 @@ class TorchComm(Comm):
         self._dist.all_gather_object(out, obj, group=self._group)
         return out
 
+    def sendrecv(self, send: memoryview | None, dest: int, recv: memoryview | None, source: int) -> None:
+        """Point-to-point over the group (gloo: TCP), both ways at once: a ring's sends all
+        posted before any receive completes, so no rank waits on another's send."""
+        torch = sys.modules["torch"]
+        ops = []
+        if send is not None:
+            ops.append(self._dist.P2POp(self._dist.isend, _as_tensor(torch, send), dest, self._group))
+        if recv is not None:
+            ops.append(self._dist.P2POp(self._dist.irecv, _as_tensor(torch, recv), source, self._group))
+        if ops:
+            for work in self._dist.batch_isend_irecv(ops):
+                work.wait()
+
     def dup(self) -> Comm:
         """A new gloo group over every rank (``new_group`` is itself collective)."""
         clone = copy.copy(self)
@@ -120,6 +139,11 @@ class TorchComm(Comm):
         if self._owns and self._dist.is_initialized():
             self._dist.destroy_process_group()
             self._owns = False
+
+
+def _as_tensor(torch: Any, view: memoryview) -> Any:
+    """A uint8 tensor over ``view``'s memory (no copy; torch wants a writable buffer)."""
+    return torch.frombuffer(view, dtype=torch.uint8) if len(view) else torch.empty(0, dtype=torch.uint8)
 
 
 def _torch_dist() -> Any:
@@ -207,6 +231,18 @@ class Collectives:
         """Every rank's ``obj`` (picklable), in rank order, on every rank."""
         out: list[T] = await self._call("all-gather", self._ops.all_gather, obj)
         return out
+
+    async def sendrecv(
+        self, send: memoryview | None, dest: int, recv: memoryview | None, source: int
+    ) -> None:
+        """Raw bytes to ``dest`` and from ``source`` at once (see :meth:`Comm.sendrecv`); every
+        rank of a ring calls it in the same round. Only on a :meth:`duplicate` channel whose
+        other calls are the same ring's: it is point-to-point, not a collective."""
+        if send is not None:
+            self._check_rank(dest)
+        if recv is not None:
+            self._check_rank(source)
+        await self._call("send-receive", self._ops.sendrecv, send, dest, recv, source)
 
     async def duplicate(self) -> Collectives:
         """The same ranks over a second channel of the transport, for a side conversation

@@ -97,6 +97,13 @@ class Comm:
     def allgather(self, obj: T) -> list[T]:
         return [obj]
 
+    def sendrecv(self, send: memoryview | None, dest: int, recv: memoryview | None, source: int) -> None:
+        """Send ``send`` to rank ``dest`` while receiving ``len(recv)`` bytes from ``source``
+        into ``recv`` (either may be None: nothing that way). Both ends must agree on each
+        length: a ring shift of raw bytes, without pickling (a replica of a local object)."""
+        if send is not None or recv is not None:
+            raise ConfigError("a world of one rank has no peer to exchange bytes with")
+
     def abort(self, code: int = 1) -> NoReturn:
         """End the whole job now: no rank is left waiting at a collective."""
         os._exit(code)
@@ -175,6 +182,15 @@ class MPIComm(Comm):
     def allgather(self, obj: T) -> list[T]:
         out: list[T] = self._world.allgather(obj)
         return out
+
+    def sendrecv(self, send: memoryview | None, dest: int, recv: memoryview | None, source: int) -> None:
+        mpi = self._mpi
+        self._world.Sendrecv(
+            [send if send is not None else bytearray(0), mpi.BYTE],
+            dest if send is not None else mpi.PROC_NULL,
+            recvbuf=[recv if recv is not None else bytearray(0), mpi.BYTE],
+            source=source if recv is not None else mpi.PROC_NULL,
+        )
 
     def dup(self) -> Comm:
         if self._mpi.Query_thread() < self._mpi.THREAD_MULTIPLE:  # two threads call collectives
