@@ -125,6 +125,7 @@ class CheckpointManager:
         max_queued_drains: int | None = None,
         drain_bandwidth: float | None = None,
         drain_priority: DrainPriority | None = None,
+        replicate_to_peer: bool | None = None,
         **options: Any,
     ) -> None:
         if not isinstance(raise_on_failure, bool):
@@ -147,7 +148,13 @@ class CheckpointManager:
         self.ckpt = checkpointer if checkpointer is not None else AsyncCheckpointer(**options)
         self.root = steps.check_root(root, self.ckpt.storage)  # nothing allocated yet: no I/O
         self.tiers = self._tiers(
-            local, keep_local, drain_when_busy, max_queued_drains, drain_bandwidth, drain_priority
+            local,
+            keep_local,
+            drain_when_busy,
+            max_queued_drains,
+            drain_bandwidth,
+            drain_priority,
+            replicate_to_peer,
         )
         if self.tiers is not None:  # saves commit on the local tier; the root given is the remote
             self.remote_root, self.root = self.root, self.tiers.local
@@ -177,6 +184,7 @@ class CheckpointManager:
         max_queued: object,
         bandwidth: object,
         priority: object,
+        replicate: object,
     ) -> Tiers | None:
         """The local tier under this manager (``local=``), validated before any I/O. Its
         options without it are refused: the run would silently have no local tier."""
@@ -186,6 +194,7 @@ class CheckpointManager:
             "max_queued_drains": max_queued,
             "drain_bandwidth": bandwidth,
             "drain_priority": priority,
+            "replicate_to_peer": replicate,
         }
         if local is None:
             given = [f"{name}={value!r}" for name, value in named.items() if value is not None]
@@ -199,6 +208,9 @@ class CheckpointManager:
         when_busy = "queue" if when_busy is None else when_busy
         max_queued = 1 if max_queued is None else max_queued
         priority = "idle" if priority is None else priority
+        replicate = False if replicate is None else replicate
+        if not isinstance(replicate, bool):
+            raise ConfigError(f"replicate_to_peer must be True or False, got {shown(replicate)}")
         root = check_tiers(self.root, local, keep_local, self.ckpt)
         _positive("max_queued_drains", max_queued)
         return Tiers(
@@ -211,6 +223,7 @@ class CheckpointManager:
             max_queued=max_queued,  # type: ignore[arg-type]  # checked above
             bandwidth=bandwidth,
             priority=modes.parse("drain_priority", priority, DrainPriority, fold=False),
+            replicate=replicate,
         )
 
     # -- lifecycle ---------------------------------------------------------------------

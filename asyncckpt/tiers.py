@@ -16,6 +16,9 @@ back to the remote one, with a warning naming the offset, when the local copy fa
 verification. Retention: ``keep_local`` newest local steps, but a step that is not
 remote-committed is never deleted locally (:attr:`TierStats.kept_local` says why); the
 manager's policies (``keep_last``, ...) apply to the remote root after each remote commit.
+With ``replicate_to_peer=True`` each locally committed object is also copied to the next
+node's local tier, and a restore fetches a lost node's objects back from there
+(:mod:`asyncckpt.replicas`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from .modes import DrainPriority, DrainWhenBusy
 from .node.collectives import Collectives
 from .node.launcher import local_rank
 from .owner import Owner, boot_id, host
+from .replicas import Moved, Replicator
 from .retention import RetentionPolicy, to_delete
 from .sinks import leftovers, path_from_uri
 from .state.hf_index import INDEX as HF_INDEX
@@ -70,6 +74,9 @@ class StepTiers:
     started_at: float | None = None  # wall clock at the start of its save (this run's saves only)
     state: str = "saving"  # saving, local, draining, drained, remote-committed, skipped, failed
     error: str | None = None
+    replicated_to: int | None = None  # the peer rank that holds this rank's replica
+    bytes_replicated: int = 0  # this rank's object, on its peer's node
+    replica_s: float = 0.0  # from the local commit to the replica written (rank's own view)
 
 
 @dataclass
@@ -89,7 +96,9 @@ class TierStats:
     kept_local: list[tuple[int, str]] = field(default_factory=list)  # beyond keep_local, and why
     #: local steps deleted before their remote commit because the local disk was full
     dropped_local: list[tuple[int, str]] = field(default_factory=list)
-    restored_from: tuple[str, str] | None = None  # (tier, why)
+    restored_from: tuple[str, str] | None = None  # (tier, why): "local", "peer" or "remote"
+    #: replicas this rank's object of a step did not reach its peer with: (step, first cause)
+    replica_failures: list[tuple[int, str]] = field(default_factory=list)
     #: drains (and remote commits) stopped by a preempted run's close: they resume at the next start
     drains_left: list[int] = field(default_factory=list)
     #: remote retention that could not list the remote root or delete a step: (step, why);
@@ -164,6 +173,7 @@ class Tiers:
         bandwidth: object,
         priority: DrainPriority = "idle",
         remote_commit_timeout: float = REMOTE_COMMIT_TIMEOUT,
+        replicate: bool = False,
     ) -> None:
         self.host, self.local, self.remote = host, local, remote
         self.keep_local, self.retention = keep_local, retention
@@ -192,6 +202,8 @@ class Tiers:
         #: the drains' own checkpointer (same config): a save holds its runtime's lock for the whole
         #: write, so a drain through the manager's would hold the next local save behind it
         self._drainer: AsyncCheckpointer | None = None
+        #: replicate_to_peer: each local object also on the next node's local tier
+        self.replicas = Replicator(host, local) if replicate else None
 
     # -- the manager's hooks ----------------------------------------------------------------
     async def start(self, coll: Collectives) -> None:
@@ -202,6 +214,8 @@ class Tiers:
                 f"drain_when_busy='skip' needs one rank; this job has {coll.world_size}: "
                 "use 'wait' or 'queue'"
             )
+        if self.replicas is not None:
+            await self.replicas.start(coll)
         failure: Exception | None = None
         try:
             remote = await self._remote_committed()
@@ -264,6 +278,9 @@ class Tiers:
         mine.state = "local"
         await self._local_record(record)
         self._local_done.setdefault(step, asyncio.Event()).set()
+        if self.replicas is not None:
+            t0 = now()
+            self.replicas.replicate(step).add_done_callback(lambda t: self._replicated(step, t, t0))
         for failed in sorted({s for s, _ in self.stats.drain_failures}):
             if self.stats.of(failed).state == "failed" and failed < step:
                 self._drain(failed, None)  # the remote may be back: try again, in step order
@@ -275,6 +292,22 @@ class Tiers:
         else:
             self._drain(step, record)
         await self._prune_local()
+
+    def _replicated(self, step: int, task: asyncio.Task[Moved], t0: float) -> None:
+        """A replica's end: its figures, or its failure reported once with its first cause."""
+        mine = self.stats.of(step)
+        error = None if task.cancelled() else task.exception()
+        if error is None and not task.cancelled():
+            moved = task.result()
+            if moved.sent:
+                assert self.replicas is not None and self.replicas.ring is not None and self._coll
+                mine.replicated_to = self.replicas.ring.peer[self._coll.rank]
+                mine.bytes_replicated, mine.replica_s = moved.sent, now() - t0
+                return
+            error = IntegrityError("this rank's local object could not be read (or carries no checksums)")
+        why = "cancelled" if error is None else f"{type(error).__name__}: {error}"
+        self.stats.replica_failures.append((step, why))
+        log.error("replica of step %d to the peer node failed (the remote copy still drains): %s", step, why)
 
     async def drain_began(self, step: int) -> None:
         """Until this rank's drain of ``step`` has started (a hook for callers and tests that
@@ -305,6 +338,8 @@ class Tiers:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
+        if self.replicas is not None:  # lockstep with every rank: finished, never cancelled
+            await self.replicas.wait()
         left = sorted(
             s
             for s, t in self.stats.steps.items()
@@ -318,12 +353,16 @@ class Tiers:
         """Until every drain and remote commit started so far has ended."""
         while pending := [t for t in self._running | self._committing if not t.done()]:
             await asyncio.wait(pending)
+        if self.replicas is not None:
+            await self.replicas.wait()
 
     async def aclose(self) -> None:
         """Close the drains' checkpointer (after :meth:`wait`)."""
         drainer, self._drainer = self._drainer, None
         if drainer is not None:
             await drainer.aclose()
+        if self.replicas is not None:
+            self.replicas.close()
 
     # -- draining -----------------------------------------------------------------------
     def _drain(self, step: int, record: StepCommit | None) -> None:
@@ -578,6 +617,8 @@ class Tiers:
                 if (old, why) not in self.stats.kept_local:
                     self.stats.kept_local.append((old, why))
                 continue
+            if self.replicas is not None:  # its directory may be receiving a peer's replica
+                await self.replicas.settled(old)
             try:
                 await steps.delete_step(self.host, self.local, old)
             except Exception as exc:
@@ -595,6 +636,8 @@ class Tiers:
         for old in committed[: -self.keep_local]:
             if self.stats.of(old).state == "draining":
                 continue
+            if self.replicas is not None:
+                await self.replicas.settled(old)
             try:
                 await steps.delete_step(self.host, self.local, old)
             except Exception as exc:
@@ -609,11 +652,12 @@ class Tiers:
             log.warning("deleted local step %d: %s", old, why)
 
     # -- restore ------------------------------------------------------------------------
-    async def _local_committed(self) -> list[int]:
-        """Local steps committed with this rank's object present, ascending."""
+    async def _local_committed(self, rank: int | None = None) -> list[int]:
+        """Local steps committed with this rank's object present (or ``rank``'s: a replica
+        this node holds), ascending."""
         coll = self._coll
         assert coll is not None
-        name = steps.rank_object(coll.rank, coll.world_size)
+        name = steps.rank_object(coll.rank if rank is None else rank, coll.world_size)
         out = []
         for step in await steps.steps_under(self.host, self.local):
             if await steps.read_commit(self.host, self.local, step) is None:
@@ -642,15 +686,30 @@ class Tiers:
                 exc,
             )
             remote = set()
-        # every rank must pick the same step: one that all of them hold locally, or that all
-        # of them see remote-committed (a rank that cannot list the remote sees none there)
-        views = await coll.all_gather_object((sorted(local), sorted(remote)))
+        # every rank must pick the same step: one that all of them hold locally (or, with
+        # replicas, on their peers' nodes), or that all of them see remote-committed (a rank
+        # that cannot list the remote sees none there)
+        held = await self._local_committed(self.replicas.source()) if self.replicas else []
+        views = await coll.all_gather_object((sorted(local), sorted(remote), held))
         everywhere = set.intersection(*(set(v[0]) for v in views)) if views else set()
         remote = set.intersection(*(set(v[1]) for v in views)) if views else set()
-        candidates = everywhere | remote
+        peers = (
+            self.replicas.restorable([set(v[0]) for v in views], [set(v[2]) for v in views])
+            if self.replicas
+            else set()
+        )
+        candidates = everywhere | remote | peers
         if not candidates:
             return None
         step = max(candidates)
+        fetched, unfetched = False, ""
+        if step not in everywhere and step in peers:
+            lacks = [step not in v[0] for v in views]
+            assert self.replicas is not None
+            unfetched = await self.replicas.fetch_back(step, lacks, self.remote if step in remote else None)
+            fetched = lacks[coll.rank] and not unfetched
+            if fetched:
+                local.add(step)
         if step in local:
             try:
                 loaded = await steps.load_step(
@@ -670,8 +729,17 @@ class Tiers:
                 )
                 self.stats.restored_from = ("remote", f"the local copy failed verification{where}: {exc}")
             else:
-                self.stats.restored_from = ("local", f"step {step} is complete on this node and verified")
+                self.stats.restored_from = (
+                    (
+                        "peer",
+                        f"step {step} was lost on this node: fetched back from its peer's replica, verified",
+                    )
+                    if fetched
+                    else ("local", f"step {step} is complete on this node and verified")
+                )
                 return loaded
+        elif unfetched:
+            self.stats.restored_from = ("remote", unfetched)
         else:
             why = "not on this node's local tier" if step not in everywhere else "local copy missing"
             self.stats.restored_from = ("remote", f"step {step} is {why}")

@@ -15,7 +15,8 @@ committed step under ``ROOT`` (a 1-node reload); writes ``OUT/reload.json``.
 ``tiers OUT LOCAL ROOT save|restore torch|mpi`` (one rank of a job spanning both nodes): a
 tiered manager with its local tier at ``LOCAL`` (the same path on both nodes, each node's own
 disk) and the remote ``ROOT``; ``save`` commits steps 1 and 2 and waits for their drains,
-``restore`` restores the newest step into fresh arrays. Writes ``OUT/tiers-<phase>-<r>.json``.
+``restore`` restores the newest step into fresh arrays; ``save-peer`` and ``restore-peer`` do the
+same with ``replicate_to_peer=True``. Writes ``OUT/tiers-<phase>-<r>.json``.
 """
 
 from __future__ import annotations
@@ -101,9 +102,13 @@ async def job(out: Path, local: Path, root: str, phases: dict[str, float]) -> No
 async def tiers(out: Path, local: Path, root: str, phase: str) -> None:
     """Steps through a node-local tier drained to ``root``, or a restore from the nearest tier."""
     rank, _ = topology.world()
-    async with CheckpointManager(root, local=local, keep_local=1, keep_last=2, **REMOTE) as mgr:
+    peer = phase.endswith("-peer")  # replicate_to_peer=True
+    options = REMOTE if root.startswith("s3://") else OPTIONS
+    async with CheckpointManager(
+        root, local=local, keep_local=1, keep_last=2, replicate_to_peer=peer, **options
+    ) as mgr:
         record: dict[str, Any] = {"rank": rank, "hostname": socket.gethostname()}
-        if phase == "save":
+        if phase.startswith("save"):
             for step in (1, 2):  # step 1 remote-committed before step 2's local commit prunes it
                 await mgr.maybe_save(step, state_of(rank, step))
                 await mgr.wait()

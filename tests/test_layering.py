@@ -50,7 +50,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("state",),
     ("steps", "retention", "preempt"),
     ("checkpointer",),
-    ("drain",),
+    ("drain", "replicas"),
     ("tiers",),
     ("manager",),
     ("integrations",),

@@ -167,6 +167,63 @@ def test_a_tiered_job_drains_every_node_and_a_lost_node_restores_from_the_remote
         assert (r["step"], r["equal"], r["tiers"]["restored_from"][0]) == (2, True, tier), r
 
 
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_a_lost_node_restores_from_its_peers_replica_without_the_remote(
+    launcher: str, node_bed: nodes.Bed, tmp_path: Path
+) -> None:
+    """Issue 26's optional part across real nodes: with ``replicate_to_peer=True`` each rank's
+    object of a step also lands in the next node's local tier, over the job's own transport
+    (gloo's TCP or Open MPI's, between the namespaces). Node A's disk is wiped and the remote
+    loses the newest step: node A's ranks get it back from node B's replicas, verified, and
+    every rank restores that step with the saved values."""
+    local = node_bed.local / f"peer-{launcher}"
+    for node in node_bed.nodes:
+        (node.disk / f"peer-{launcher}").mkdir()
+    remote = tmp_path / "remote"  # a directory both nodes see (only the bind-mounted path is per node)
+    env = child_env(**nodes.MPI_ROOT_ENV)
+    job = ["-m", "tests.nodes_child", "tiers", str(tmp_path), str(local), str(remote)]
+    finish([start(n, c, env) for n, c in LAUNCHERS[launcher](node_bed, [*job, "save-peer"])], JOB_TIMEOUT_S)
+    saved = [json.loads((tmp_path / f"tiers-save-peer-{r}.json").read_text()) for r in range(4)]
+    every = [f"step-2/rank-{p}-of-4.safetensors" for p in range(4)]
+    for r in saved:  # its node's ranks' objects, and the other node's as replicas
+        assert [n for n in r["local"] if n.endswith(".safetensors")] == every, r["local"]
+        assert r["tiers"]["replica_failures"] == []
+        steps_of = {s["step"]: s for s in r["tiers"]["steps"]}
+        peer = next(
+            p["rank"] for p in saved if p["hostname"] != r["hostname"] and p["rank"] % 2 == r["rank"] % 2
+        )
+        assert {steps_of[s]["replicated_to"] for s in (1, 2)} == {peer}
+        assert steps_of[2]["bytes_replicated"] > 400_000
+    lost = next(n for n in node_bed.nodes if n.hostname == saved[0]["hostname"])
+    kept = next(n for n in node_bed.nodes if n is not lost)
+
+    def restore() -> list[dict[str, Any]]:
+        shutil.rmtree(lost.disk / f"peer-{launcher}")  # node A is replaced: an empty local disk
+        (lost.disk / f"peer-{launcher}").mkdir()
+        phase = [*job, "restore-peer"]
+        finish([start(n, c, env) for n, c in LAUNCHERS[launcher](node_bed, phase)], JOB_TIMEOUT_S)
+        return [json.loads((tmp_path / f"tiers-restore-peer-{r}.json").read_text()) for r in range(4)]
+
+    shutil.move(remote / "step-2", tmp_path / "aside")  # the remote has only step 1
+    for r in restore():
+        tier = "peer" if r["hostname"] == lost.hostname else "local"
+        assert (r["step"], r["equal"], r["tiers"]["restored_from"][0]) == (2, True, tier), r
+        if tier == "peer":  # fetched back with the step's commit record: a local step again
+            assert "step-2/COMMITTED.json" in r["local"]
+            assert f"step-2/rank-{r['rank']}-of-4.safetensors" in r["local"]
+    # node B's replica of rank 0 is corrupt, the remote has step 2 again: rank 0 falls back to it
+    shutil.move(tmp_path / "aside", remote / "step-2")
+    corrupt = kept.disk / f"peer-{launcher}" / "step-2" / "rank-0-of-4.safetensors"
+    with corrupt.open("r+b") as f:
+        f.seek(corrupt.stat().st_size - 100)
+        f.write(b"\xff" * 8)
+    for r in restore():
+        tier = {0: "remote", 1: "peer"}.get(r["rank"], "local")
+        assert (r["step"], r["equal"], r["tiers"]["restored_from"][0]) == (2, True, tier), r
+        if r["rank"] == 0:
+            assert "ChecksumMismatchError" in r["tiers"]["restored_from"][1]
+
+
 def test_deleting_one_nodes_local_directory_leaves_the_other(fresh_bed: nodes.Bed, tmp_path: Path) -> None:
     env, local = child_env(), str(fresh_bed.local)
     a, b = fresh_bed.nodes

@@ -273,6 +273,7 @@ async def test_steps_lists_both_tiers_or_the_one_asked_for(tmp_path: Path) -> No
         ({"drain_bandwidth": -1}, "drain_bandwidth must be a positive number"),
         ({"max_queued_drains": 0}, "max_queued_drains must be a positive integer"),
         ({"drain_priority": "fast"}, "drain_priority must be one of"),
+        ({"replicate_to_peer": "yes"}, "replicate_to_peer must be True or False, got 'yes'"),
     ],
 )
 def test_bad_tier_input_is_refused_naming_it(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
@@ -289,6 +290,7 @@ def test_bad_tier_input_is_refused_naming_it(tmp_path: Path, kwargs: dict[str, A
         ({"drain_bandwidth": 1e6}, "drain_bandwidth=1000000.0"),
         ({"keep_local": 0}, "keep_local=0"),
         ({"drain_priority": "lane"}, "drain_priority='lane'"),
+        ({"replicate_to_peer": True}, "replicate_to_peer=True"),
     ],
 )
 def test_local_tier_options_without_local_are_refused_naming_them(
