@@ -38,7 +38,19 @@ from .owner import host
 from .pool import close_mapping
 from .sinks.base import Sink
 from .sinks.commit import commit
-from .steps import COMMIT, StepHost, get_record, make_directory, put_record, rank_object, step_uri
+from .state.hf_index import INDEX as HF_INDEX
+from .steps import (
+    COMMIT,
+    StepHost,
+    exists,
+    get_index_bytes,
+    get_record,
+    make_directory,
+    put_raw,
+    put_record,
+    rank_object,
+    step_uri,
+)
 
 log = logging.getLogger("asyncckpt")
 
@@ -328,27 +340,69 @@ class Replicator:
         assert self.ring is not None and self._coll is not None
         return self.ring.source(self._coll.rank)
 
-    def replicate(self, step: int) -> asyncio.Task[Moved]:
-        """Send this rank's object of ``step`` to its peer and take its source's, after the
-        replicas of earlier steps (every rank calls it for every locally committed step)."""
+    def replicate(self, step: int, *, receive: bool = True) -> asyncio.Task[Moved]:
+        """Send this rank's object of ``step`` to its peer (if the peer receives) and take its
+        source's (``receive``), after the replicas of earlier steps. Collective: every rank
+        calls it for every locally committed step, and for every resumed one."""
         self._tasks = {s: t for s, t in self._tasks.items() if not t.done()}
-        task = asyncio.create_task(self._after(step, self._last), name=f"asyncckpt-replica {step}")
+        task = asyncio.create_task(self._after(step, receive, self._last), name=f"asyncckpt-replica {step}")
         self._tasks[step], self._last = task, task
         return task
 
-    async def _after(self, step: int, previous: asyncio.Task[Moved] | None) -> Moved:
+    async def _after(self, step: int, receive: bool, previous: asyncio.Task[Moved] | None) -> Moved:
         if previous is not None:
             await asyncio.wait([previous])
         assert self.ring is not None and self._coll is not None
         base = step_uri(self.local, step)
         me = self._coll.rank
+        # the step's index files are in rank 0's node's directory only: every node gets them,
+        # so that any node's copy of the step stands alone (drained, or handed back)
+        files = await self._coll.broadcast_object(await self._step_files(base) if me == 0 else None)
+        if files is not None:
+            await self._put_missing(base, files["files"])
         return await transfer(
             self.host,
             self._coll,
             self.ring.peer,
             send=f"{base}/{self.name(me)}",
-            recv=f"{base}/{self.name(self.source())}",
+            recv=f"{base}/{self.name(self.source())}" if receive else None,
         )
+
+    def missing(self, own: list[set[int]], held: list[set[int]]) -> dict[int, tuple[bool, bool]]:
+        """Steps every rank holds whose replica some peer lacks (a run killed mid-replica, a
+        replaced node), each with (this rank sends its own, receives its source's)."""
+        assert self.ring is not None and self._coll is not None
+        peer, me, source = self.ring.peer, self._coll.rank, self.source()
+        out = {}
+        for step in sorted(set.intersection(*own) if own else set()):
+            lacking = [step not in held[peer[r]] for r in range(len(own))]
+            if any(lacking):
+                out[step] = (lacking[me], lacking[source])
+        return out
+
+    async def _step_files(self, base: str) -> dict[str, Any] | None:
+        """The step's commit record and the index files it names (checked against the CRC32C
+        it gives them), handed with a replica to a node that lost the step: without them its
+        copy could not be drained, nor loaded on another number of ranks."""
+        commit = await get_record(self.host, f"{base}/{COMMIT}")
+        if commit is None:
+            return None
+        sums: dict[str, str | None] = dict(commit.get("checksums") or {})
+        if not sums:  # a record written before it gave them: the indexes, unchecked
+            sums = {name: None for name in (commit.get("index"), HF_INDEX) if name}
+        files = {}
+        for name, expected in sums.items():
+            raw = await get_index_bytes(self.host, f"{base}/{name}", expected)
+            if raw is not None:
+                files[name] = raw
+        return {"commit": commit, "files": files}
+
+    async def _put_missing(self, base: str, files: dict[str, bytes]) -> None:
+        """The step's index files this node's directory lacks, published (each atomically: two
+        ranks of one node writing the same bytes at once is harmless)."""
+        for name, raw in files.items():
+            if not await exists(self.host, f"{base}/{name}"):
+                await put_raw(self.host, f"{base}/{name}", raw)
 
     def restorable(self, own: list[set[int]], held: list[set[int]]) -> set[int]:
         """Steps every rank holds on its node (``own[r]``) or its peer's node holds a replica
@@ -361,7 +415,7 @@ class Replicator:
 
     async def fetch_back(self, step: int, lacks: Sequence[bool], remote: str | None) -> str:
         """Collective: the ranks that lost their object of ``step`` (``lacks[r]``) get it back
-        from their peers' replicas, with the step's commit record. Returns why this rank,
+        from their peers' replicas, with the step's commit record and index files. Returns why this rank,
         lacking it, did not get it ("" if it did, or did not need it): it then loads the copy
         at ``remote``; without one, AsyncCkptError. A rank that only gives logs its failure."""
         assert self.ring is not None and self._coll is not None
@@ -370,7 +424,7 @@ class Replicator:
         if lacks[me]:  # a replaced node's disk: not even the step's directory is there
             await make_directory(self.host, base)
         giving = lacks[source] and not lacks[me]
-        record = await get_record(self.host, f"{base}/{COMMIT}") if giving else None
+        record = await self._step_files(base) if giving else None
         back = [self.ring.source(r) for r in range(self._coll.world_size)]  # replicas go home
         try:
             moved = await transfer(
@@ -391,7 +445,8 @@ class Replicator:
                 return ""
             if moved.received:
                 if moved.record is not None and await get_record(self.host, f"{base}/{COMMIT}") is None:
-                    await put_record(self.host, f"{base}/{COMMIT}", moved.record)
+                    await self._put_missing(base, moved.record["files"])  # what the record names, first
+                    await put_record(self.host, f"{base}/{COMMIT}", moved.record["commit"])
                 return ""
             why = f"the peer's replica of step {step} was not there to fetch"
         if remote is None:

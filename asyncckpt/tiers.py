@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -97,8 +98,10 @@ class TierStats:
     #: local steps deleted before their remote commit because the local disk was full
     dropped_local: list[tuple[int, str]] = field(default_factory=list)
     restored_from: tuple[str, str] | None = None  # (tier, why): "local", "peer" or "remote"
-    #: replicas this rank's object of a step did not reach its peer with: (step, first cause)
+    #: replicas of a step this rank sends or receives that failed: (step, first cause)
     replica_failures: list[tuple[int, str]] = field(default_factory=list)
+    #: steps whose replicas a previous run left unmade, made again at this start
+    replicas_resumed: list[int] = field(default_factory=list)
     #: drains (and remote commits) stopped by a preempted run's close: they resume at the next start
     drains_left: list[int] = field(default_factory=list)
     #: remote retention that could not list the remote root or delete a step: (step, why);
@@ -216,6 +219,7 @@ class Tiers:
             )
         if self.replicas is not None:
             await self.replicas.start(coll)
+            await self._resume_replicas(coll)
         failure: Exception | None = None
         try:
             remote = await self._remote_committed()
@@ -235,6 +239,19 @@ class Tiers:
             if step not in agreed and (not agreed or step > max(agreed)):
                 self.stats.resumed.append(step)
                 self._drain(step, None)
+
+    async def _resume_replicas(self, coll: Collectives) -> None:
+        """Replicas a previous run left unmade (killed mid-replica; a node replaced since) of
+        the steps every rank still holds locally: made again, by themselves, like drains."""
+        assert self.replicas is not None
+        own = await self._local_committed()
+        held = await self._local_committed(self.replicas.source())
+        views = await coll.all_gather_object((own, held))
+        todo = self.replicas.missing([set(v[0]) for v in views], [set(v[1]) for v in views])
+        for step, (send, receive) in todo.items():
+            self.stats.replicas_resumed.append(step)
+            task = self.replicas.replicate(step, receive=receive)
+            task.add_done_callback(functools.partial(self._replicated, step, now(), send))
 
     async def _remote_has(self, step: int) -> bool:
         """Whether ``step`` is remote-committed; False while the remote cannot be read (an
@@ -279,8 +296,8 @@ class Tiers:
         await self._local_record(record)
         self._local_done.setdefault(step, asyncio.Event()).set()
         if self.replicas is not None:
-            t0 = now()
-            self.replicas.replicate(step).add_done_callback(lambda t: self._replicated(step, t, t0))
+            task = self.replicas.replicate(step)
+            task.add_done_callback(functools.partial(self._replicated, step, now(), True))
         for failed in sorted({s for s, _ in self.stats.drain_failures}):
             if self.stats.of(failed).state == "failed" and failed < step:
                 self._drain(failed, None)  # the remote may be back: try again, in step order
@@ -293,21 +310,25 @@ class Tiers:
             self._drain(step, record)
         await self._prune_local()
 
-    def _replicated(self, step: int, task: asyncio.Task[Moved], t0: float) -> None:
-        """A replica's end: its figures, or its failure reported once with its first cause."""
+    def _replicated(self, step: int, t0: float, sending: bool, task: asyncio.Task[Moved]) -> None:
+        """A replica's end: its figures, or its failure reported once with its first cause
+        (``sending``: this rank's own object was to go to its peer)."""
         mine = self.stats.of(step)
         error = None if task.cancelled() else task.exception()
         if error is None and not task.cancelled():
             moved = task.result()
-            if moved.sent:
+            if moved.sent or not sending:
                 assert self.replicas is not None and self.replicas.ring is not None and self._coll
                 mine.replicated_to = self.replicas.ring.peer[self._coll.rank]
-                mine.bytes_replicated, mine.replica_s = moved.sent, now() - t0
+                if moved.sent:
+                    mine.bytes_replicated, mine.replica_s = moved.sent, now() - t0
                 return
             error = IntegrityError("this rank's local object could not be read (or carries no checksums)")
         why = "cancelled" if error is None else f"{type(error).__name__}: {error}"
         self.stats.replica_failures.append((step, why))
-        log.error("replica of step %d to the peer node failed (the remote copy still drains): %s", step, why)
+        log.error(
+            "a replica of step %d to or from a peer node failed (the remote copy still drains): %s", step, why
+        )
 
     async def drain_began(self, step: int) -> None:
         """Until this rank's drain of ``step`` has started (a hook for callers and tests that

@@ -16,7 +16,8 @@ committed step under ``ROOT`` (a 1-node reload); writes ``OUT/reload.json``.
 tiered manager with its local tier at ``LOCAL`` (the same path on both nodes, each node's own
 disk) and the remote ``ROOT``; ``save`` commits steps 1 and 2 and waits for their drains,
 ``restore`` restores the newest step into fresh arrays; ``save-peer`` and ``restore-peer`` do the
-same with ``replicate_to_peer=True``. Writes ``OUT/tiers-<phase>-<r>.json``.
+same with ``replicate_to_peer=True``; ``resume-peer`` only starts and waits (replicas a previous
+run left unmade are made then). Writes ``OUT/tiers-<phase>-<r>.json``.
 """
 
 from __future__ import annotations
@@ -108,7 +109,10 @@ async def tiers(out: Path, local: Path, root: str, phase: str) -> None:
         root, local=local, keep_local=1, keep_last=2, replicate_to_peer=peer, **options
     ) as mgr:
         record: dict[str, Any] = {"rank": rank, "hostname": socket.gethostname()}
-        if phase.startswith("save"):
+        if phase == "resume-peer":  # replicas a previous run left unmade: made at start
+            await mgr.start()
+            await mgr.wait()
+        elif phase.startswith("save"):
             for step in (1, 2):  # step 1 remote-committed before step 2's local commit prunes it
                 await mgr.maybe_save(step, state_of(rank, step))
                 await mgr.wait()

@@ -187,6 +187,7 @@ def test_a_lost_node_restores_from_its_peers_replica_without_the_remote(
     every = [f"step-2/rank-{p}-of-4.safetensors" for p in range(4)]
     for r in saved:  # its node's ranks' objects, and the other node's as replicas
         assert [n for n in r["local"] if n.endswith(".safetensors")] == every, r["local"]
+        assert "step-2/asyncckpt-index.json" in r["local"]  # rank 0's node's file, on every node
         assert r["tiers"]["replica_failures"] == []
         steps_of = {s["step"]: s for s in r["tiers"]["steps"]}
         peer = next(
@@ -209,10 +210,18 @@ def test_a_lost_node_restores_from_its_peers_replica_without_the_remote(
         tier = "peer" if r["hostname"] == lost.hostname else "local"
         assert (r["step"], r["equal"], r["tiers"]["restored_from"][0]) == (2, True, tier), r
         if tier == "peer":  # fetched back with the step's commit record: a local step again
-            assert "step-2/COMMITTED.json" in r["local"]
+            assert {"step-2/COMMITTED.json", "step-2/asyncckpt-index.json"} <= set(r["local"])
             assert f"step-2/rank-{r['rank']}-of-4.safetensors" in r["local"]
+    # node A has its own objects back but not node B's replicas, and the remote lacks step 2:
+    # the next start makes the replicas again and drains step 2 again, by themselves
+    shutil.rmtree(tmp_path / "aside")
+    finish([start(n, c, env) for n, c in LAUNCHERS[launcher](node_bed, [*job, "resume-peer"])], JOB_TIMEOUT_S)
+    for r in (json.loads((tmp_path / f"tiers-resume-peer-{r}.json").read_text()) for r in range(4)):
+        assert r["tiers"]["replicas_resumed"] == [2] and r["tiers"]["replica_failures"] == [], r["tiers"]
+        assert r["tiers"]["resumed"] == [2], r["tiers"]  # the drain
+        assert [n for n in r["local"] if n.endswith(".safetensors")] == every, r["local"]
+    assert (remote / "step-2" / "COMMITTED.json").exists()  # drained from node A's fetched copy
     # node B's replica of rank 0 is corrupt, the remote has step 2 again: rank 0 falls back to it
-    shutil.move(tmp_path / "aside", remote / "step-2")
     corrupt = kept.disk / f"peer-{launcher}" / "step-2" / "rank-0-of-4.safetensors"
     with corrupt.open("r+b") as f:
         f.seek(corrupt.stat().st_size - 100)
