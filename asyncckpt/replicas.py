@@ -383,26 +383,37 @@ class Replicator:
     async def _step_files(self, base: str) -> dict[str, Any] | None:
         """The step's commit record and the index files it names (checked against the CRC32C
         it gives them), handed with a replica to a node that lost the step: without them its
-        copy could not be drained, nor loaded on another number of ranks."""
-        commit = await get_record(self.host, f"{base}/{COMMIT}")
-        if commit is None:
+        copy could not be drained, nor loaded on another number of ranks. None when they
+        cannot be read (logged): never raises, since the other ranks wait in the same round."""
+        try:
+            commit = await get_record(self.host, f"{base}/{COMMIT}")
+            if commit is None:
+                return None
+            sums: dict[str, str | None] = dict(commit.get("checksums") or {})
+            if not sums:  # a record written before it gave them: the indexes, unchecked
+                sums = {name: None for name in (commit.get("index"), HF_INDEX) if name}
+            files = {}
+            for name, expected in sums.items():
+                raw = await get_index_bytes(self.host, f"{base}/{name}", expected)
+                if raw is not None:
+                    files[name] = raw
+        except Exception as exc:
+            log.warning("%s: the commit record or an index file cannot be read for the peers: %s", base, exc)
             return None
-        sums: dict[str, str | None] = dict(commit.get("checksums") or {})
-        if not sums:  # a record written before it gave them: the indexes, unchecked
-            sums = {name: None for name in (commit.get("index"), HF_INDEX) if name}
-        files = {}
-        for name, expected in sums.items():
-            raw = await get_index_bytes(self.host, f"{base}/{name}", expected)
-            if raw is not None:
-                files[name] = raw
         return {"commit": commit, "files": files}
 
-    async def _put_missing(self, base: str, files: dict[str, bytes]) -> None:
+    async def _put_missing(self, base: str, files: dict[str, bytes]) -> bool:
         """The step's index files this node's directory lacks, published (each atomically: two
-        ranks of one node writing the same bytes at once is harmless)."""
-        for name, raw in files.items():
-            if not await exists(self.host, f"{base}/{name}"):
-                await put_raw(self.host, f"{base}/{name}", raw)
+        ranks of one node writing the same bytes at once is harmless). False when one cannot
+        be (logged): never raises, as for :meth:`_step_files`."""
+        try:
+            for name, raw in files.items():
+                if not await exists(self.host, f"{base}/{name}"):
+                    await put_raw(self.host, f"{base}/{name}", raw)
+        except Exception as exc:
+            log.warning("%s: an index file from the peers cannot be written: %s", base, exc)
+            return False
+        return True
 
     def restorable(self, own: list[set[int]], held: list[set[int]]) -> set[int]:
         """Steps every rank holds on its node (``own[r]``) or its peer's node holds a replica
@@ -415,14 +426,20 @@ class Replicator:
 
     async def fetch_back(self, step: int, lacks: Sequence[bool], remote: str | None) -> str:
         """Collective: the ranks that lost their object of ``step`` (``lacks[r]``) get it back
-        from their peers' replicas, with the step's commit record and index files. Returns why this rank,
-        lacking it, did not get it ("" if it did, or did not need it): it then loads the copy
-        at ``remote``; without one, AsyncCkptError. A rank that only gives logs its failure."""
+        from their peers' replicas, with the step's commit record and index files. Returns why
+        this rank, lacking it, did not get it ("" if it did, or did not need it): it then loads
+        the copy at ``remote``; without one, AsyncCkptError. A rank that only gives logs its
+        failure."""
         assert self.ring is not None and self._coll is not None
         base = step_uri(self.local, step)
         me, source = self._coll.rank, self.source()
-        if lacks[me]:  # a replaced node's disk: not even the step's directory is there
-            await make_directory(self.host, base)
+        wants = lacks[me]
+        if wants:  # a replaced node's disk: not even the step's directory is there
+            try:
+                await make_directory(self.host, base)
+            except Exception as exc:  # then it takes part without receiving: its peer sends nothing
+                log.warning("%s cannot be made for step %d's objects from the peers: %s", base, step, exc)
+                wants = False
         giving = lacks[source] and not lacks[me]
         record = await self._step_files(base) if giving else None
         back = [self.ring.source(r) for r in range(self._coll.world_size)]  # replicas go home
@@ -432,7 +449,7 @@ class Replicator:
                 self._coll,
                 back,
                 send=f"{base}/{self.name(source)}" if giving else None,
-                recv=f"{base}/{self.name(me)}" if lacks[me] else None,
+                recv=f"{base}/{self.name(me)}" if wants else None,
                 record=record,
             )
         except Exception as exc:
@@ -443,10 +460,14 @@ class Replicator:
         else:
             if not lacks[me]:
                 return ""
-            if moved.received:
-                if moved.record is not None and await get_record(self.host, f"{base}/{COMMIT}") is None:
-                    await self._put_missing(base, moved.record["files"])  # what the record names, first
-                    await put_record(self.host, f"{base}/{COMMIT}", moved.record["commit"])
+            if moved.received:  # the commit record last, once what it names is there
+                record = moved.record
+                if (
+                    record is not None
+                    and await get_record(self.host, f"{base}/{COMMIT}") is None
+                    and await self._put_missing(base, record["files"])
+                ):
+                    await put_record(self.host, f"{base}/{COMMIT}", record["commit"])
                 return ""
             why = f"the peer's replica of step {step} was not there to fetch"
         if remote is None:
