@@ -19,6 +19,7 @@ import pytest
 
 from asyncckpt import CheckpointManager
 from asyncckpt.errors import ConfigError
+from asyncckpt.node.collectives import get_collectives
 from asyncckpt.owner import parse_temp
 from asyncckpt.replicas import PIECE, Ring
 
@@ -130,3 +131,13 @@ def test_a_receiver_killed_mid_replica_leaves_no_object_and_the_next_run_publish
         "rank-0-of-2.safetensors",
         "rank-1-of-2.safetensors",
     ]
+
+
+async def test_a_world_of_one_has_no_peer_to_exchange_bytes_with() -> None:
+    async with get_collectives() as coll:
+        assert coll.world_size == 1
+        await coll.sendrecv(None, 0, None, 0)  # nothing either way: nothing to do
+        with pytest.raises(ConfigError, match="no peer to exchange bytes with"):
+            await coll.sendrecv(memoryview(b"x"), 0, None, 0)
+        with pytest.raises(ConfigError, match=r"rank must be in 0\.\.0, got 1"):
+            await coll.sendrecv(memoryview(b"x"), 1, None, 0)
