@@ -30,7 +30,6 @@ from typing import Any
 from .blocking import run_blocking
 from .engine.header import read_exact, state_manifest
 from .engine.manifest import Manifest
-from .engine.monitor import now
 from .engine.verify import first_bad
 from .errors import AsyncCkptError, ChecksumMismatchError, CollectiveError, ConfigError
 from .node.collectives import Collectives
@@ -108,11 +107,10 @@ class Offer:
 
 @dataclass(frozen=True)
 class Moved:
-    """One rank's side of a transfer: bytes sent and received (published), wall seconds."""
+    """One rank's side of a transfer: bytes sent and received (published)."""
 
     sent: int
     received: int
-    seconds: float
     record: dict[str, Any] | None  # the sender's record, when this rank received
 
 
@@ -132,7 +130,6 @@ async def transfer(
     Raises on this rank's failure (nothing published at ``recv``) only after the last round."""
     me = coll.rank
     source = list(to).index(me)
-    t0 = now()
     reader = await _opened(host, send) if send is not None else None
     try:
         manifest = reader[1] if reader is not None else None
@@ -159,7 +156,7 @@ async def transfer(
         if reader is not None:
             await reader[0].aclose()
     sent, received = result
-    return Moved(sent, received, now() - t0, offers[source].record if received else None)
+    return Moved(sent, received, offers[source].record if received else None)
 
 
 def _pieces(size: int) -> int:
@@ -207,8 +204,6 @@ async def _rounds(
     writer: Sink | None = None
     errors: dict[str, Exception] = {}  # "send", "receive": the first failure each way
 
-    chain: list[asyncio.Future[None] | None] = [None]  # the newest read: the next one waits for it
-
     async def read(k: int, before: asyncio.Future[None] | None) -> None:
         if before is not None:  # one read at a time, ahead of the ring (measured: up to three at
             await asyncio.wait([before])  # once beside the writes took 14 % longer, median)
@@ -232,7 +227,8 @@ async def _rounds(
         except Exception as exc:  # a full disk: the ring goes on, nothing is published
             errors["receive"] = exc
 
-    tasks: list[asyncio.Future[None]] = []
+    reads: dict[int, asyncio.Future[None]] = {}  # read ahead, each after the one before
+    writes: deque[tuple[int, asyncio.Future[None]]] = deque()  # written behind, in round order
     try:
         if uri is not None and receiving is not None:
             writer = await host.storage.handle(uri)
@@ -242,17 +238,13 @@ async def _rounds(
                 await writer.open(receiving.size)
             except Exception as exc:
                 errors["receive"] = exc
-        reads = {}
         for k in range(min(DEPTH - 1, rounds)):
-            reads[k] = chain[0] = asyncio.ensure_future(read(k, chain[0]))
-        writes: deque[tuple[int, asyncio.Future[None]]] = deque()
-        tasks = list(reads.values())
+            reads[k] = asyncio.ensure_future(read(k, reads.get(k - 1)))
         for k in range(rounds):
             await reads.pop(k)
             ahead = k + DEPTH - 1  # into the buffer round k - 1 sent from: free
-            if ahead < rounds:
-                reads[ahead] = chain[0] = asyncio.ensure_future(read(ahead, chain[0]))
-                tasks.append(reads[ahead])
+            if ahead < rounds:  # after the newest read (already popped, so done, if DEPTH is 2)
+                reads[ahead] = asyncio.ensure_future(read(ahead, reads.get(ahead - 1)))
             while writes and writes[0][0] <= k - DEPTH:  # recvs[k % DEPTH] written out
                 await writes.popleft()[1]
             mine = _span(sending, k * PIECE) if reader is not None else 0
@@ -264,15 +256,15 @@ async def _rounds(
                 source,
             )
             writes.append((k, asyncio.ensure_future(write(k))))
-            tasks.append(writes[-1][1])
-        for task in tasks:
-            await task
+        while writes:
+            await writes.popleft()[1]
         if writer is not None and receiving is not None:
             if "receive" in errors:
                 await writer.abort()
             else:
                 await commit(writer)
     except BaseException:
+        tasks = [*reads.values(), *(task for _, task in writes)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -461,13 +453,13 @@ class Replicator:
             if not lacks[me]:
                 return ""
             if moved.received:  # the commit record last, once what it names is there
-                record = moved.record
+                got = moved.record
                 if (
-                    record is not None
+                    got is not None
                     and await get_record(self.host, f"{base}/{COMMIT}") is None
-                    and await self._put_missing(base, record["files"])
+                    and await self._put_missing(base, got["files"])
                 ):
-                    await put_record(self.host, f"{base}/{COMMIT}", record["commit"])
+                    await put_record(self.host, f"{base}/{COMMIT}", got["commit"])
                 return ""
             why = f"the peer's replica of step {step} was not there to fetch"
         if remote is None:

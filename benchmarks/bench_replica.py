@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from _common import bootstrap_ci, directory, emit, median, positive_int, rotation
 
 from asyncckpt import AsyncCheckpointer, parse_size
@@ -48,8 +49,6 @@ ARMS = ("save", "copy", "replica")
 
 
 def state_of(size: int, rank: int) -> dict[str, Any]:
-    import numpy as np
-
     return {"w": np.full(size // 4, rank + 1, dtype=np.float32)}
 
 
