@@ -15,6 +15,7 @@ from pathlib import Path
 
 from asyncckpt.engine.monitor import LoopMonitor
 from asyncckpt.node.collectives import get_collectives
+from tests.torch_exit import leave
 
 LATE_S = 0.5  # how late rank 1 arrives: long against the 10 ms ticks counted below
 
@@ -58,5 +59,6 @@ if __name__ == "__main__":
         dist.init_process_group("gloo")
         asyncio.run(main(Path(sys.argv[1])))
         dist.destroy_process_group()
+        leave()
     else:
         asyncio.run(main(Path(sys.argv[1])))

@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from asyncckpt.integrations.dcp import AsyncCkptStorageReader, AsyncCkptStorageWriter
+from tests.torch_exit import leave
 
 CHUNK = 1 << 20
 ROWS, COLS = 2048, 512  # 4 MiB of float32: each rank's 2 MiB shard spans two chunks
@@ -106,3 +107,4 @@ def main(mode: str, root: Path) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], Path(sys.argv[2]))
+    leave()

@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from asyncckpt.integrations.dcp import AsyncCkptStorageWriter
+from tests.torch_exit import leave
 
 
 def main(root: str) -> None:
@@ -27,3 +28,4 @@ def main(root: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    leave()

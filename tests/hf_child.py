@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from asyncckpt import AsyncCheckpointer
 from asyncckpt.node.collectives import get_collectives
+from tests.torch_exit import leave
 
 
 def nested(flat: dict[str, Any]) -> dict[str, Any]:
@@ -44,3 +45,4 @@ if __name__ == "__main__":
         asyncio.run(main(Path(sys.argv[1])))
     finally:
         dist.destroy_process_group()
+    leave()

@@ -38,6 +38,7 @@ from asyncckpt.errors import AsyncCkptError
 from asyncckpt.node import launcher, topology
 from asyncckpt.node.collectives import get_collectives, job_comm
 from asyncckpt.steps import latest_step, rank_object, read_commit, save_step, step_uri
+from tests.torch_exit import leave
 
 #: S3 wants parts of 5 MiB or more; in-process writers: a writer process per rank would add a
 #: Python start and imports per rank to every run, and the bed is about where ranks run
@@ -184,6 +185,7 @@ def main(argv: list[str]) -> None:
             asyncio.run(job(Path(args[0]), Path(args[1]), args[2], phases))
         finally:
             dist.destroy_process_group()
+        leave()
     elif mode == "tiers" and args[4] == "mpi":
         asyncio.run(tiers(Path(args[0]), Path(args[1]), args[2], args[3]))
     elif mode == "tiers":
@@ -194,6 +196,7 @@ def main(argv: list[str]) -> None:
             asyncio.run(tiers(Path(args[0]), Path(args[1]), args[2], args[3]))
         finally:
             dist.destroy_process_group()
+        leave()
     elif mode == "reload":
         asyncio.run(reload(Path(args[0]), args[1], int(args[2])))
     elif mode == "local-save":

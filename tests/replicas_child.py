@@ -26,6 +26,7 @@ from asyncckpt import AsyncCheckpointer
 from asyncckpt.node.collectives import get_collectives
 from asyncckpt.replicas import PIECE, transfer
 from asyncckpt.steps import rank_object, step_uri
+from tests.torch_exit import leave
 
 #: a little over two rounds of the ring, so that the corrupt byte lands in a middle round
 ELEMENTS = (2 * PIECE + PIECE // 2) // 4
@@ -84,5 +85,6 @@ if __name__ == "__main__":
             asyncio.run(main(Path(sys.argv[1]), sys.argv[2]))
         finally:
             dist.destroy_process_group()
+        leave()
     else:
         asyncio.run(main(Path(sys.argv[1]), sys.argv[2]))

@@ -27,6 +27,7 @@ from torch.distributed.tensor import Replicate, distribute_tensor
 from torch.distributed.tensor import Shard as TShard
 
 from asyncckpt import AsyncCheckpointer, CheckpointManager, ChecksumMismatchError, Shard
+from tests.torch_exit import leave
 
 CHUNK = 8 << 20
 
@@ -122,3 +123,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave()

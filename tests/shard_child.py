@@ -31,6 +31,7 @@ from torch.distributed.tensor import Replicate, distribute_tensor
 from torch.distributed.tensor import Shard as TShard
 
 from asyncckpt import AsyncCheckpointer, ConfigError, Shard
+from tests.torch_exit import leave
 
 A = torch.arange(12, dtype=torch.float32).reshape(4, 3)
 C = torch.arange(5, dtype=torch.int64) + 100
@@ -130,3 +131,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave()

@@ -29,6 +29,7 @@ from asyncckpt.node.collectives import get_collectives
 from asyncckpt.node.topology import world
 from asyncckpt.state.index import INDEX
 from asyncckpt.steps import save_step, start_step
+from tests.torch_exit import leave
 
 
 def state_of(rank: int, step: int) -> dict[str, object]:
@@ -100,3 +101,5 @@ if __name__ == "__main__":
 
         dist.init_process_group("gloo")
     asyncio.run(main(Path(sys.argv[1]), sys.argv[2]))
+    if sys.argv[3:] == ["torch"]:
+        leave()
