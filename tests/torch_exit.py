@@ -6,9 +6,11 @@ that lands inside interpreter finalization, the worker cannot take the GIL, the 
 ends the thread with a forced unwind through a ``noexcept`` destructor, and the whole rank
 aborts with ``terminate called without an active exception`` although every check passed
 (seen in CI under load; core dump: ``AsyncAllgatherWork::~AsyncAllgatherWork`` in
-``ProcessGroupGloo::runLoop`` during ``Py_FinalizeEx``; pytorch/pytorch#179291). A child
-whose work is done, its checkpointers closed and its process group destroyed leaves with
-``os._exit``, so no finalization runs beside the gloo threads.
+``ProcessGroupGloo::runLoop`` during ``Py_FinalizeEx``; torch's proposed fix, an atexit
+``destroy_process_group``, is pytorch/pytorch#179291, not merged). A child whose work is
+done, its checkpointers closed and its process group destroyed leaves with ``os._exit``, so no
+finalization runs beside the gloo threads. ``dcp_process_child`` does not: DCP's checkpoint
+daemon is stopped by multiprocessing's own exit handler.
 """
 
 from __future__ import annotations
