@@ -217,15 +217,17 @@ class Tiers:
                 f"drain_when_busy='skip' needs one rank; this job has {coll.world_size}: "
                 "use 'wait' or 'queue'"
             )
+        local: list[int] | None = None
         if self.replicas is not None:
             await self.replicas.start(coll)
-            await self._resume_replicas(coll)
+            local = await self._resume_replicas(coll)
         failure: Exception | None = None
         try:
             remote = await self._remote_committed()
         except Exception as exc:  # training starts anyway: the drains are tried at the next commit
             remote, failure = set(), exc
-        local = await self._local_committed()
+        if local is None:
+            local = await self._local_committed()
         # agreed by every rank: a step only some ranks still hold locally (a node was lost) can
         # never be remote-committed, and rank 0 would wait for the others' objects in vain
         views = await coll.all_gather_object((local, sorted(remote), failure is None))
@@ -240,18 +242,19 @@ class Tiers:
                 self.stats.resumed.append(step)
                 self._drain(step, None)
 
-    async def _resume_replicas(self, coll: Collectives) -> None:
+    async def _resume_replicas(self, coll: Collectives) -> list[int]:
         """Replicas a previous run left unmade (killed mid-replica; a node replaced since) of
-        the steps every rank still holds locally: made again, by themselves, like drains."""
+        the steps every rank still holds locally: made again, by themselves, like drains.
+        Returns this rank's committed local steps (the start's drains resume from them)."""
         assert self.replicas is not None
-        own = await self._local_committed()
-        held = await self._local_committed(self.replicas.source())
+        own, held = await self._local_holdings()
         views = await coll.all_gather_object((own, held))
         todo = self.replicas.missing([set(v[0]) for v in views], [set(v[1]) for v in views])
         for step, (send, receive) in todo.items():
             self.stats.replicas_resumed.append(step)
             task = self.replicas.replicate(step, receive=receive)
             task.add_done_callback(functools.partial(self._replicated, step, now(), send))
+        return own
 
     async def _remote_has(self, step: int) -> bool:
         """Whether ``step`` is remote-committed; False while the remote cannot be read (an
@@ -673,19 +676,33 @@ class Tiers:
             log.warning("deleted local step %d: %s", old, why)
 
     # -- restore ------------------------------------------------------------------------
-    async def _local_committed(self, rank: int | None = None) -> list[int]:
-        """Local steps committed with this rank's object present (or ``rank``'s: a replica
-        this node holds), ascending."""
+    async def _local_committed(self) -> list[int]:
+        """Local steps committed with this rank's object present, ascending."""
+        return (await self._local_holdings(with_replicas=False))[0]
+
+    async def _local_holdings(self, *, with_replicas: bool = True) -> tuple[list[int], list[int]]:
+        """Local steps committed with this rank's object present, and (with replicas on) those
+        holding the replica this node keeps for its source rank, both ascending: one pass over
+        the tier, each commit record read once."""
         coll = self._coll
         assert coll is not None
-        name = steps.rank_object(coll.rank if rank is None else rank, coll.world_size)
-        out = []
+        own = steps.rank_object(coll.rank, coll.world_size)
+        held = (
+            steps.rank_object(self.replicas.source(), coll.world_size)
+            if with_replicas and self.replicas is not None
+            else None
+        )
+        mine: list[int] = []
+        kept: list[int] = []
         for step in await steps.steps_under(self.host, self.local):
             if await steps.read_commit(self.host, self.local, step) is None:
                 continue
-            if await steps.exists(self.host, f"{steps.step_uri(self.local, step)}/{name}"):
-                out.append(step)
-        return out
+            where = steps.step_uri(self.local, step)
+            if await steps.exists(self.host, f"{where}/{own}"):
+                mine.append(step)
+            if held is not None and await steps.exists(self.host, f"{where}/{held}"):
+                kept.append(step)
+        return mine, kept
 
     async def _local_record(self, record: StepCommit) -> None:
         """Node-local directories: the commit record in each node's directory, not only rank 0's."""
@@ -697,7 +714,8 @@ class Tiers:
         self, into: Mapping[Any, Any] | None, *, as_torch: bool, coll: Collectives
     ) -> StepLoad | None:
         """This rank's state of the newest step committed on either tier, or None."""
-        local = set(await self._local_committed())
+        mine, held = await self._local_holdings()
+        local = set(mine)
         try:
             remote = await self._remote_committed()
         except Exception as exc:  # the local tier alone may still hold a committed step
@@ -710,7 +728,6 @@ class Tiers:
         # every rank must pick the same step: one that all of them hold locally (or, with
         # replicas, on their peers' nodes), or that all of them see remote-committed (a rank
         # that cannot list the remote sees none there)
-        held = await self._local_committed(self.replicas.source()) if self.replicas else []
         views = await coll.all_gather_object((sorted(local), sorted(remote), held))
         everywhere = set.intersection(*(set(v[0]) for v in views)) if views else set()
         remote = set.intersection(*(set(v[1]) for v in views)) if views else set()
