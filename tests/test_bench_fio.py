@@ -108,6 +108,10 @@ def test_small_run_reports_verdicts_for_the_defaults(disk_path: Path) -> None:
         assert all(r > 0 for r in verdict["ratios"])
         assert verdict["verdict"] in {"met", "not met", "not demonstrated"}
         assert verdict["target"] == ">= 0.97"
+    # each pair's loads: twice per side, mirrored (A B B A), fio first in every other pair
+    loads = [r for r in doc["rows"] if r["op"] == "load" and r["phase"].startswith("pair")]
+    assert ["(fio, asyncckpt x 2, fio)" in r["config"] for r in loads] == [True, False, True, False, True]
+    assert all(r["ratio"] == pytest.approx(r["asyncckpt_GBps"] / r["fio_GBps"]) for r in loads)
     assert list(disk_path.iterdir()) == []  # its temporary directory and files are gone
 
 
