@@ -62,7 +62,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +84,7 @@ INSTALL_HINT = (
     "then run this benchmark again."
 )
 TARGET = 0.97
+LOADS_PER_PAIR = 2  # each side reads twice per pair (A B B A)
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")  # pages of the default huge page size
 MEMINFO = Path("/proc/meminfo")
@@ -428,45 +429,33 @@ def fio_config(cfg: dict[str, Any]) -> str:
     return f"fio {cfg['engine']} depth {cfg['depth']} {cfg['iomem']}"
 
 
-def pair_row(
-    i: int, op: str, fio_cfg: dict[str, Any], fio_first: bool, fio_bps: float, ours: RunResult
-) -> dict[str, Any]:
-    order = "first" if fio_first else "second"
-    rate = ours.throughput_bps
-    return {
-        "phase": f"pair {i + 1}",
-        "op": op,
-        "config": f"{fio_config(fio_cfg)} {order}",
-        "fio_GBps": fio_bps / 1e9,
-        "asyncckpt_GBps": rate / 1e9,
-        "ratio": rate / fio_bps,
-        # what held asyncckpt back, from its own per-chunk records (Generation means the CPU)
-        "note": f"bottleneck {ours.bottleneck}, I/O {ours.io_bps / 1e9:.2f} GB/s",
-    }
-
-
-def combined(size: int, rates: list[float]) -> float:
+def combined(size: int, rates: Sequence[float]) -> float:
     """The rate of several runs of ``size`` bytes taken together: all bytes over all time."""
     return size * len(rates) / sum(size / r for r in rates)
 
 
-def load_row(
-    i: int, fio_cfg: dict[str, Any], fio_first: bool, fio_bps: float, ours_bps: float, ours: list[RunResult]
+def pair_row(
+    i: int,
+    op: str,
+    fio_cfg: dict[str, Any],
+    order: str,
+    size: int,
+    fio_bps: Sequence[float],
+    ours: Sequence[RunResult],
 ) -> dict[str, Any]:
-    """A pair's load line: both sides' two reads taken together (A B B A)."""
-    order = "fio, asyncckpt x 2, fio" if fio_first else "asyncckpt, fio x 2, asyncckpt"
+    """A pair's line of ``op``: each side's runs in the pair (one, or two for loads) taken together."""
+    rate, fio_rate = combined(size, [r.throughput_bps for r in ours]), combined(size, fio_bps)
+    # what held asyncckpt back, from its own per-chunk records (Generation means the CPU)
+    held = ", ".join(sorted({r.bottleneck for r in ours}))
+    io = " and ".join(f"{r.io_bps / 1e9:.2f}" for r in ours)
     return {
         "phase": f"pair {i + 1}",
-        "op": "load",
-        "config": f"{fio_config(fio_cfg)} ({order})",
-        "fio_GBps": fio_bps / 1e9,
-        "asyncckpt_GBps": ours_bps / 1e9,
-        "ratio": ours_bps / fio_bps,
-        "note": "bottleneck "
-        + ", ".join(sorted({r.bottleneck for r in ours}))
-        + ", I/O "
-        + " and ".join(f"{r.io_bps / 1e9:.2f}" for r in ours)
-        + " GB/s",
+        "op": op,
+        "config": f"{fio_config(fio_cfg)} {order}",
+        "fio_GBps": fio_rate / 1e9,
+        "asyncckpt_GBps": rate / 1e9,
+        "ratio": rate / fio_rate,
+        "note": f"bottleneck {held}, I/O {io} GB/s",
     }
 
 
@@ -506,11 +495,9 @@ class Measured:
     rows: list[dict[str, Any]] = field(default_factory=list)
     best: dict[str, dict[str, Any]] = field(default_factory=dict)
     saves: list[RunResult] = field(default_factory=list)
-    loads: list[RunResult] = field(default_factory=list)  # every load, two per pair
+    loads: list[RunResult] = field(default_factory=list)  # LOADS_PER_PAIR per pair
     fio_w: list[float] = field(default_factory=list)
-    fio_r: list[float] = field(default_factory=list)  # every fio read, two per pair
-    load_bps: list[float] = field(default_factory=list)  # per pair: asyncckpt's two loads
-    fio_r_bps: list[float] = field(default_factory=list)  # per pair: fio's two reads
+    fio_r: list[float] = field(default_factory=list)  # LOADS_PER_PAIR per pair
     loops: list[float] = field(default_factory=list)  # --write-loop, bytes/s per pair
     facts: dict[str, Any] = field(default_factory=dict)
 
@@ -573,13 +560,13 @@ async def measure(
         for _ in range(2):
             await fio.read(ckpt_path, br["engine"], br["depth"], br["iomem"])
         first, second = (fio_load, ckpt_load) if fio_first else (ckpt_load, fio_load)
-        for step in (first, second, second, first):
+        for step in (first, second, second, first):  # LOADS_PER_PAIR each
             await step()
-        m.load_bps.append(combined(args.size, [r.throughput_bps for r in m.loads[-2:]]))
-        m.fio_r_bps.append(combined(args.size, m.fio_r[-2:]))
-        fio_before_save = order.index(0) < order.index(1)
-        m.rows.append(pair_row(i, "save", bw, fio_before_save, m.fio_w[-1], m.saves[-1]))
-        m.rows.append(load_row(i, br, fio_first, m.fio_r_bps[-1], m.load_bps[-1], m.loads[-2:]))
+        saved = "first" if order.index(0) < order.index(1) else "second"  # fio before the save?
+        m.rows.append(pair_row(i, "save", bw, saved, args.size, m.fio_w[-1:], m.saves[-1:]))
+        read = "(fio, asyncckpt x 2, fio)" if fio_first else "(asyncckpt, fio x 2, asyncckpt)"
+        n = LOADS_PER_PAIR
+        m.rows.append(pair_row(i, "load", br, read, args.size, m.fio_r[-n:], m.loads[-n:]))
         if loop is not None:
             m.rows.append(loop_row(i, bw, m.fio_w[-1], m.loops[-1], m.saves[-1]))
     return m
@@ -600,9 +587,13 @@ def loop_row(
     }
 
 
-def ratios(ours: list[RunResult], fio_bps: list[float]) -> list[float]:
-    """asyncckpt / fio, pair by pair."""
-    return [a.throughput_bps / f for a, f in zip(ours, fio_bps, strict=True)]
+def ratios(size: int, ours: list[RunResult], fio_bps: list[float], per_pair: int = 1) -> list[float]:
+    """asyncckpt / fio, pair by pair, each side's ``per_pair`` runs of a pair taken together."""
+    return [
+        combined(size, [r.throughput_bps for r in ours[k : k + per_pair]])
+        / combined(size, fio_bps[k : k + per_pair])
+        for k in range(0, len(ours), per_pair)
+    ]
 
 
 async def run(args: argparse.Namespace, binary: str, directory: Path) -> dict[str, Any]:
@@ -637,8 +628,8 @@ async def run(args: argparse.Namespace, binary: str, directory: Path) -> dict[st
         facts_of_loop = {"threads": loop.threads, "area_bytes": loop.area_bytes}
         facts_of_loop["huge_pages_advised"] = loop.huge_pages_advised
         loop_facts["write_loop"] = {**facts_of_loop, **splits}
-    save_verdict = ratio_verdict(ratios(m.saves, m.fio_w), TARGET)
-    load_verdict = ratio_verdict([a / f for a, f in zip(m.load_bps, m.fio_r_bps, strict=True)], TARGET)
+    save_verdict = ratio_verdict(ratios(args.size, m.saves, m.fio_w), TARGET)
+    load_verdict = ratio_verdict(ratios(args.size, m.loads, m.fio_r, LOADS_PER_PAIR), TARGET)
     shown = {**tuning, "verify": False} if args.no_verify else tuning
     rows = [huge.row(), *m.rows, *verdict_rows(save_verdict, load_verdict, tuning, shown)]
     for op, split in splits.items():
