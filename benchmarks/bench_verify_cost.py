@@ -21,11 +21,24 @@ costs the unverified load what the check costs, the price is the work itself on 
 loads it with ``load_state`` into arrays touched before timing: its checksums are per 256 KiB
 block, not per 32 MiB chunk, so each read holds 128 of them.
 
+``--stand-ins`` adds three verified loads whose check is replaced, in this process, by a
+stand-in that does part of its work and passes (the library's ``first_bad``, which every
+whole-chunk check calls, is swapped for the load and put back):
+
+- ``check -> sleep``: as long as the check took in an untimed verified load first, per byte;
+  the check's place in the pipeline (its thread hop, the buffer held), no CPU, no memory;
+- ``check -> CRC of a cached block``: the CRC32C of one 256 KiB block, as many times as the
+  chunk has blocks: the check's CPU, without its memory traffic;
+- ``check -> CRC of other memory``: the CRC32C of as many bytes of another 256 MiB area, not
+  the load's: the check's CPU and memory traffic, at its place, on bytes the reads never
+  touch.
+
 ``--num-buffers`` and ``--max-in-flight`` set the checkpointer's pool and reads in flight
 (defaults: the library's), to see whether the check holds buffers the reads wait for.
 
     python benchmarks/bench_verify_cost.py [--size 2GiB] [--pairs 6] [--dir /var/tmp] [--duty 0.2]
                                            [--num-buffers N] [--max-in-flight N] [--state]
+                                           [--stand-ins]
 """
 
 from __future__ import annotations
@@ -42,11 +55,44 @@ from typing import Any
 import numpy as np
 from _common import directory, emit, median, positive_int, rate_stats, rotation
 
+import asyncckpt.engine.verify as verify_module
 from asyncckpt import AsyncCheckpointer, parse_size
+from asyncckpt.checksum import crc
 
 PIECE = 32 << 20  # the CRC neighbour's piece: one pipeline chunk
 TENSOR = 64 << 20
 ARMS = ("verified", "unverified", "unverified + CRC neighbour", "unverified + spin neighbour")
+STAND_INS = ("check -> sleep", "check -> CRC of a cached block", "check -> CRC of other memory")
+BLOCK = 256 << 10
+OTHER = 256 << 20
+
+
+class StandIn:
+    """Replacements for the check (``verify.first_bad``): each passes every chunk."""
+
+    def __init__(self, check_s_per_byte: float) -> None:
+        self.check_s_per_byte = check_s_per_byte  # from an untimed verified load
+        self.cached = memoryview(bytearray(np.random.default_rng(1).bytes(BLOCK)))
+        self.other = memoryview(bytearray(np.random.default_rng(2).bytes(OTHER)))
+        self.at = 0
+
+    def sleep(self, manifest: Any, view: memoryview, chunk: int, count: int) -> None:
+        time.sleep(self.check_s_per_byte * len(view))
+
+    def cached_block(self, manifest: Any, view: memoryview, chunk: int, count: int) -> None:
+        for _ in range(max(1, len(view) // BLOCK)):
+            crc(self.cached)
+
+    def other_memory(self, manifest: Any, view: memoryview, chunk: int, count: int) -> None:
+        n = min(len(view), OTHER)
+        if self.at + n > OTHER:
+            self.at = 0
+        crc(self.other[self.at : self.at + n])
+        self.at += n
+
+    def of(self, arm: str) -> Any:
+        ways = (self.sleep, self.cached_block, self.other_memory)
+        return dict(zip(STAND_INS, ways, strict=True))[arm]
 
 
 def neighbour(kind: str, duty: float, stop: Event, ready: Event) -> None:
@@ -87,10 +133,11 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[st
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = str(Path(tmp) / "verify-cost.bin")
-        rates: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        arms = ARMS + STAND_INS if args.stand_ins else ARMS
+        rates: dict[str, list[float]] = {arm: [] for arm in arms}
         # from the load's own records: after the last read ended, and reads waiting for a buffer
         trace: dict[str, dict[str, list[float]]] = {
-            arm: {"tail_s": [], "wait_free_s": [], "check_s": [], "check_cpu_s": []} for arm in ARMS
+            arm: {"tail_s": [], "wait_free_s": [], "check_s": [], "check_cpu_s": []} for arm in arms
         }
         knobs = {
             k: v
@@ -104,8 +151,17 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[st
                 await ckpt.save_state(path, into)
             else:
                 await ckpt.save(path, args.size)
+            stand_in = None
+            if args.stand_ins:  # the check's time per byte, from an untimed verified load
+                if into is None:
+                    first = await ckpt.load(path, verify=True)
+                else:
+                    first = (await ckpt.load_state(path, into=into)).load
+                checked = sum(r.nbytes for r in first.records)
+                stand_in = StandIn(sum(r.verify_s for r in first.records) / max(1, checked))
+            real_check = verify_module.first_bad
             for i in range(args.pairs):
-                for arm in (ARMS[k] for k in rotation(len(ARMS), i)):
+                for arm in (arms[k] for k in rotation(len(arms), i)):
                     stop, ready = ctx.Event(), ctx.Event()
                     proc = None
                     if "neighbour" in arm:
@@ -113,13 +169,17 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[st
                         proc = ctx.Process(target=neighbour, args=(kind, args.duty, stop, ready))
                         proc.start()
                         await asyncio.to_thread(ready.wait)
+                    verified = arm == "verified" or arm in STAND_INS
+                    if arm in STAND_INS:
+                        assert stand_in is not None
+                        verify_module.first_bad = stand_in.of(arm)
                     try:
                         t0 = time.perf_counter()
                         if into is not None:
-                            got = await ckpt.load_state(path, into=into, verify=arm == "verified")
+                            got = await ckpt.load_state(path, into=into, verify=verified)
                             result = got.load
                         else:
-                            result = await ckpt.load(path, verify=arm == "verified")
+                            result = await ckpt.load(path, verify=verified)
                         t1 = time.perf_counter()
                         rates[arm].append(args.size / (t1 - t0) / 1e9)
                         records = result.records
@@ -128,6 +188,7 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[st
                         trace[arm]["check_s"].append(sum(r.verify_s for r in records))
                         trace[arm]["check_cpu_s"].append(sum(r.verify_cpu_s for r in records))
                     finally:
+                        verify_module.first_bad = real_check
                         stop.set()
                         if proc is not None:
                             await asyncio.to_thread(proc.join)
@@ -147,6 +208,11 @@ def main() -> None:
         "--max-in-flight", type=positive_int, default=None, help="reads in flight (default: library)"
     )
     p.add_argument("--state", action="store_true", help="a state object, loaded with load_state")
+    p.add_argument(
+        "--stand-ins",
+        action="store_true",
+        help="also verified loads whose check is replaced by part of its work",
+    )
     args = p.parse_args()
     if not 0 < args.duty <= 1:
         p.error(f"--duty must be in (0, 1], got {args.duty}")
@@ -183,6 +249,7 @@ def main() -> None:
             "num_buffers": args.num_buffers,
             "max_in_flight": args.max_in_flight,
             "state": args.state,
+            "stand_ins": args.stand_ins,
             "rates": rates,
             "trace": trace,
         },
