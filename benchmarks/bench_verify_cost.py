@@ -56,7 +56,7 @@ import numpy as np
 from _common import directory, emit, median, positive_int, rate_stats, rotation
 
 import asyncckpt.engine.verify as verify_module
-from asyncckpt import AsyncCheckpointer, parse_size
+from asyncckpt import AsyncCheckpointer, LoadResult, parse_size
 from asyncckpt.checksum import crc
 
 PIECE = 32 << 20  # the CRC neighbour's piece: one pipeline chunk
@@ -151,12 +151,16 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[st
                 await ckpt.save_state(path, into)
             else:
                 await ckpt.save(path, args.size)
+
+            async def load(verify: bool) -> LoadResult:
+                """One load of the object, verified or not."""
+                if into is not None:
+                    return (await ckpt.load_state(path, into=into, verify=verify)).load
+                return await ckpt.load(path, verify=verify)
+
             stand_in = None
             if args.stand_ins:  # the check's time per byte, from an untimed verified load
-                if into is None:
-                    first = await ckpt.load(path, verify=True)
-                else:
-                    first = (await ckpt.load_state(path, into=into)).load
+                first = await load(True)
                 checked = sum(r.nbytes for r in first.records)
                 stand_in = StandIn(sum(r.verify_s for r in first.records) / max(1, checked))
             real_check = verify_module.first_bad
@@ -175,11 +179,7 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[st
                         verify_module.first_bad = stand_in.of(arm)
                     try:
                         t0 = time.perf_counter()
-                        if into is not None:
-                            got = await ckpt.load_state(path, into=into, verify=verified)
-                            result = got.load
-                        else:
-                            result = await ckpt.load(path, verify=verified)
+                        result = await load(verified)
                         t1 = time.perf_counter()
                         rates[arm].append(args.size / (t1 - t0) / 1e9)
                         records = result.records
